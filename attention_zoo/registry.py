@@ -1,0 +1,116 @@
+"""Name -> attention class, with capability flags (timm / xformers style).
+
+Backbones and benchmarks read an attention's capabilities from its spec (``get_attention_spec``)
+instead of branching on its name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from dataclasses import dataclass
+
+CAPABILITY_FLAGS = (
+    "causal_ok",  # supports causal masking without leaking future tokens
+    "fused_kernel",  # runs on F.scaled_dot_product_attention (no [B,H,T,S] tensor kept)
+    "needs_full_logits",  # must materialise [B,H,T,S] logits/weights (head mixing)
+    "data_dependent_compute",  # compute depends on the input (routing)
+    "has_aux_loss",  # returns an auxiliary loss the backbone must add
+    "stack_shared",  # can share a module across the layers of a stack (build_stack_shared hook)
+    "has_metric",  # exposes get_M_matrices()
+)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    name: str
+    cls: type
+    flavors: tuple[str, ...]
+    capabilities: dict[str, bool]
+    description: str
+
+    def __getattr__(self, item):  # spec.fused_kernel etc.
+        caps = object.__getattribute__(self, "capabilities")
+        if item in caps:
+            return caps[item]
+        raise AttributeError(item)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Keyword options accepted by create_attention beyond d_model/n_heads/causal/dropout."""
+        sig = inspect.signature(self.cls.__init__)
+        skip = {"self", "d_model", "n_heads", "causal", "dropout"}
+        params = sig.parameters.values()
+        return tuple(p.name for p in params if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD)
+
+
+_REGISTRY: dict[str, AttentionSpec] = {}
+
+
+def register_attention(name: str):
+    """Class decorator: ``@register_attention("mha")``. Rejects duplicate names."""
+
+    def deco(cls):
+        if not isinstance(name, str) or not name or name != name.lower():
+            raise ValueError(f"name: expected a non-empty lower-case string, got {name!r}")
+        if name in _REGISTRY:
+            raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
+        caps = {flag: bool(getattr(cls, flag, False)) for flag in CAPABILITY_FLAGS}
+        doc = (inspect.getdoc(cls) or "").split("\n")[0]
+        flavors = tuple(getattr(cls, "flavors", ("paper",)))
+        _REGISTRY[name] = AttentionSpec(name, cls, flavors, caps, doc)
+        cls.registry_name = name
+        return cls
+
+    return deco
+
+
+def _unknown(name) -> ValueError:
+    return ValueError(f"name: unknown attention {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+
+
+def get_attention_spec(name: str) -> AttentionSpec:
+    if name not in _REGISTRY:
+        raise _unknown(name)
+    return _REGISTRY[name]
+
+
+def is_attention(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def list_attentions(pattern: str | list[str] | None = None, exclude: str | list[str] | None = None) -> list[str]:
+    """Sorted registered names, filtered by fnmatch wildcards (``"*mha"``, ``["d*", "mha"]``)."""
+    names = sorted(_REGISTRY)
+    if pattern is not None:
+        pats = [pattern] if isinstance(pattern, str) else list(pattern)
+        names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in pats)]
+    if exclude is not None:
+        pats = [exclude] if isinstance(exclude, str) else list(exclude)
+        names = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in pats)]
+    return names
+
+
+def split_options(name: str, options: dict) -> tuple[dict, dict]:
+    """Split ``options`` into (accepted by ``name``, not accepted). None values are dropped (timm style)."""
+    accepted = set(get_attention_spec(name).options)
+    ok = {k: v for k, v in options.items() if v is not None and k in accepted}
+    rest = {k: v for k, v in options.items() if v is not None and k not in accepted}
+    return ok, rest
+
+
+def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, **options):
+    """Build a registered attention module.
+
+    Raises:
+        ValueError: unknown ``name`` (the message lists the available ones), an option the variant does not
+            take, or an illegal size/option value (the message names the argument).
+    """
+    spec = get_attention_spec(name)
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise ValueError(
+            f"options: {name!r} does not accept {', '.join(unknown)}; accepted options: {', '.join(spec.options)}"
+        )
+    return spec.cls(d_model=d_model, n_heads=n_heads, causal=causal, dropout=dropout, **options)

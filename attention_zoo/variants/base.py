@@ -1,0 +1,301 @@
+"""Shared machinery of every attention: input validation, mask resolution, the forward skeleton.
+
+Mask convention (DESIGN.md): ``padding_mask`` bool/int [B,T], True = real token; ``attn_mask`` bool/int
+(True = visible) or float (added to the logits), shaped [T,S], [B,T,S] or [B,H,T,S]. Everything is
+resolved once into a boolean ``keep`` mask plus a finite additive ``bias``; query rows with no visible
+key ("dead" rows) get zero logits before the softmax and zero output after it, so they stay finite.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class Masks:
+    """Resolved masks. Tensors broadcast against [B,H,T,S]; ``None`` means "no constraint"."""
+
+    keep: Tensor | None  # bool, True = key visible to the query
+    bias: Tensor | None  # float, finite, added to the logits
+    dead: Tensor | None  # bool [.,.,T,1], query rows with no visible key
+    padding: Tensor | None  # bool [B,T], True = real token
+    causal: bool
+    causal_only: bool  # the only constraint is causality (SDPA is_causal fast path)
+
+    def apply(self, scores: Tensor, neg: float | None = None) -> Tensor:
+        """Add the bias and mask invisible logits with ``neg`` (-inf by default); dead rows become 0."""
+        if self.bias is not None:
+            scores = scores + self.bias
+        if self.keep is not None:
+            scores = scores.masked_fill(~self.keep, float("-inf") if neg is None else neg)
+        if self.dead is not None:
+            scores = scores.masked_fill(self.dead, 0.0)
+        return scores
+
+    def zero_invisible(self, weights: Tensor) -> Tensor:
+        """Re-zero weights of invisible keys and of dead rows (after a post-softmax head mix)."""
+        if self.keep is not None:
+            weights = weights.masked_fill(~self.keep, 0.0)
+        if self.dead is not None:
+            weights = weights.masked_fill(self.dead, 0.0)
+        return weights
+
+    def zero_dead(self, out: Tensor) -> Tensor:
+        """Zero the per-head outputs [B,H,T,d] of dead query rows."""
+        return out if self.dead is None else out.masked_fill(self.dead, 0.0)
+
+    def sdpa_args(self, dtype: torch.dtype) -> dict:
+        """Keyword arguments for F.scaled_dot_product_attention (mask with dead rows opened)."""
+        if self.causal_only:
+            return {"attn_mask": None, "is_causal": True}
+        if self.keep is None and self.bias is None:
+            return {"attn_mask": None, "is_causal": False}
+        keep = self.keep if self.dead is None else self.keep | self.dead
+        if self.bias is None:
+            return {"attn_mask": keep, "is_causal": False}
+        mask = self.bias.to(dtype)
+        if keep is not None:
+            mask = mask.masked_fill(~keep, float("-inf"))
+        return {"attn_mask": mask, "is_causal": False}
+
+    def for_heads(self, heads: slice | Tensor) -> Masks:
+        """The masks restricted to a subset of heads (head axis 1, broadcast axes kept)."""
+
+        def pick(t):
+            return t if t is None or t.shape[1] == 1 else t[:, heads]
+
+        return Masks(pick(self.keep), pick(self.bias), pick(self.dead), self.padding, self.causal, self.causal_only)
+
+
+def resolve_masks(
+    batch: int,
+    seq_len: int,
+    n_heads: int,
+    causal: bool,
+    padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    device: torch.device,
+    extra_keep: Tensor | None = None,
+) -> Masks:
+    """Combine causality, padding, ``attn_mask`` and a variant's own mask into one ``Masks``."""
+    keep = None
+
+    def conj(a, b):
+        return b if a is None else a & b
+
+    if causal:
+        keep = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # [1,1,T,S]
+    if extra_keep is not None:
+        keep = conj(keep, extra_keep)
+    padded = padding_mask is not None and not bool(padding_mask.all())
+    if padded:
+        keep = conj(keep, padding_mask[:, None, None, :])  # [B,1,1,S]
+    bias = None
+    only_causal = causal and extra_keep is None and not padded
+    if attn_mask is not None:
+        only_causal = False
+        m = attn_mask.reshape((1, 1) + attn_mask.shape) if attn_mask.dim() == 2 else attn_mask
+        m = m[:, None] if m.dim() == 3 else m  # [B,T,S] -> [B,1,T,S]
+        if m.is_floating_point():
+            visible = ~torch.isneginf(m)  # -inf entries are invisible keys, the rest is a finite bias
+            bias = m.masked_fill(~visible, 0.0)
+            if not bool(visible.all()):
+                keep = conj(keep, visible)
+        else:
+            keep = conj(keep, m.bool())
+    dead = None
+    if keep is not None and not only_causal:
+        dead_rows = ~keep.any(dim=-1, keepdim=True)  # [.,.,T,1]
+        dead = dead_rows if bool(dead_rows.any()) else None
+    return Masks(keep, bias, dead, padding_mask, causal, only_causal)
+
+
+def _err(arg: str, msg: str) -> ValueError:
+    return ValueError(f"{arg}: {msg}")
+
+
+def check_positive_int(name: str, value, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        raise _err(name, f"expected a {'non-negative' if allow_zero else 'positive'} int, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise _err(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def check_fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise _err(name, f"expected a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+class AttentionBase(nn.Module, abc.ABC):
+    """Base of every registered attention: ``y = attn(x, padding_mask=None, attn_mask=None)``, x,y [B,T,D].
+
+    Subclasses implement ``_attend(x, masks, stack_context)``, ``analytic_params()`` and
+    ``analytic_flops(batch, seq_len)`` and set the capability flags below.
+    """
+
+    # capability flags, read by the registry (see registry.CAPABILITY_FLAGS)
+    causal_ok = True
+    fused_kernel = False
+    needs_full_logits = False
+    data_dependent_compute = False
+    has_aux_loss = False
+    stack_shared = False
+    has_metric = False
+    flavors: tuple[str, ...] = ("paper",)
+    registry_name = "?"
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        causal: bool = False,
+        dropout: float = 0.0,
+        flavor: str = "paper",
+        max_seq_len: int | None = None,
+    ):
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_heads", n_heads)
+        if d_model % n_heads:
+            raise _err("n_heads", f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if not isinstance(causal, bool):
+            raise _err("causal", f"expected a bool, got {causal!r}")
+        if causal and not self.causal_ok:
+            raise _err("causal", f"{type(self).__name__} does not support causal masking")
+        check_choice("flavor", flavor, self.flavors)
+        if max_seq_len is not None:
+            check_positive_int("max_seq_len", max_seq_len)
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.causal, self.flavor, self.max_seq_len = causal, flavor, max_seq_len
+        self.dropout_p = check_fraction("dropout", dropout)
+        self.attn_drop = nn.Dropout(self.dropout_p)
+        self.aux_loss: Tensor | None = None  # set by forward in variants with has_aux_loss
+
+    # ---- public forward -------------------------------------------------------------------------------
+    def forward(
+        self,
+        x: Tensor,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        stack_context=None,
+    ) -> Tensor:
+        """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero.
+
+        Raises:
+            ValueError: x not a floating [B,T,d_model] tensor or longer than max_seq_len; padding_mask not
+                bool/int [B,T]; attn_mask not bool/int/float of shape [T,S], [B,T,S] or [B,H,T,S];
+                stack_context given to a variant without stack sharing.
+        """
+        padding_mask, attn_mask = self.check_inputs(x, padding_mask, attn_mask)
+        if stack_context is not None and not self.stack_shared:
+            raise _err("stack_context", f"{type(self).__name__} does not take a stack context")
+        B, T, _ = x.shape
+        masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, self.extra_keep(T, x.device))
+        y = self._attend(x, masks, stack_context)
+        if masks.padding is not None:
+            y = y.masked_fill(~masks.padding[..., None], 0.0)
+        return y
+
+    def check_inputs(self, x, padding_mask, attn_mask):
+        if not torch.is_tensor(x) or x.dim() != 3:
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise _err("x", f"expected a 3-D tensor [B, T, {self.d_model}], got {shape}")
+        if not x.is_floating_point():
+            raise _err("x", f"expected a floating-point dtype, got {x.dtype}")
+        B, T, D = x.shape
+        if D != self.d_model:
+            raise _err("x", f"expected last dimension d_model={self.d_model}, got {D} (shape {tuple(x.shape)})")
+        if T == 0 or B == 0:
+            raise _err("x", f"expected non-empty batch and sequence, got shape {tuple(x.shape)}")
+        if self.max_seq_len is not None and T > self.max_seq_len:
+            raise _err("x", f"sequence length {T} exceeds max_seq_len={self.max_seq_len}")
+        if padding_mask is not None:
+            if not torch.is_tensor(padding_mask) or tuple(padding_mask.shape) != (B, T):
+                got = tuple(padding_mask.shape) if torch.is_tensor(padding_mask) else type(padding_mask).__name__
+                raise _err("padding_mask", f"expected shape [B, T] = {(B, T)}, got {got}")
+            if padding_mask.is_floating_point() or padding_mask.is_complex():
+                raise _err("padding_mask", f"expected a bool or integer dtype, got {padding_mask.dtype}")
+            padding_mask = padding_mask.to(device=x.device, dtype=torch.bool)
+        if attn_mask is not None:
+            if not torch.is_tensor(attn_mask):
+                raise _err("attn_mask", f"expected a tensor, got {type(attn_mask).__name__}")
+            if attn_mask.is_complex():
+                raise _err("attn_mask", f"expected a bool, integer or float dtype, got {attn_mask.dtype}")
+            shape = tuple(attn_mask.shape)
+            ok = attn_mask.dim() in (2, 3, 4) and shape[-2:] == (T, T)
+            if ok and attn_mask.dim() >= 3 and shape[0] not in (1, B):
+                ok = False
+            if ok and attn_mask.dim() == 4 and shape[1] not in (1, self.n_heads):
+                ok = False
+            if not ok:
+                raise _err(
+                    "attn_mask",
+                    f"expected shape [T, S], [B, T, S] or [B, H, T, S] = [{B}, {self.n_heads}, {T}, {T}], got {shape}",
+                )
+            attn_mask = attn_mask.to(x.device)
+            if attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(x.dtype)
+        return padding_mask, attn_mask
+
+    # ---- hooks ------------------------------------------------------------------------------------------
+    def extra_keep(self, seq_len: int, device: torch.device) -> Tensor | None:
+        """A variant's own visibility mask broadcastable to [B,H,T,S] (MMA head groups), or None."""
+        return None
+
+    @abc.abstractmethod
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        """x [B,T,D] -> y [B,T,D] under the resolved masks."""
+
+    @abc.abstractmethod
+    def analytic_params(self) -> int:
+        """Parameters of this module as built (shared stack modules excluded), from the closed form."""
+
+    @abc.abstractmethod
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        """Forward FLOPs (2 per multiply-add, dense kernels, softmax/masking excluded) for [batch, seq_len]."""
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, flavor={self.flavor!r}"
+
+    # ---- helpers for subclasses -------------------------------------------------------------------------
+    def split_heads(self, t: Tensor) -> Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d)
+
+    def merge_heads(self, t: Tensor) -> Tensor:
+        B, H, T, d = t.shape
+        return t.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float | None = None) -> Tensor:
+        """Fused attention core with the harness masks; dead rows give zero output."""
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout_p if self.training else 0.0, scale=scale, **masks.sdpa_args(q.dtype)
+        )
+        return masks.zero_dead(out)
+
+    def softmax_attention(self, scores: Tensor, v: Tensor, masks: Masks, neg: float | None = None) -> Tensor:
+        """Explicit core on given logits [B,H,T,S]: mask, fp32-safe softmax, dropout, ·V."""
+        weights = torch.softmax(masks.apply(scores, neg), dim=-1)
+        weights = masks.zero_invisible(weights) if masks.dead is not None else weights
+        return self.attn_drop(weights) @ v
+
+
+def collect_aux_losses(model: nn.Module) -> Tensor | None:
+    """Sum the ``aux_loss`` set by the last forward of every submodule (each module counted once)."""
+    total = None
+    for m in model.modules():
+        loss = getattr(m, "aux_loss", None)
+        if torch.is_tensor(loss):
+            total = loss if total is None else total + loss
+    return total
