@@ -1,0 +1,88 @@
+"""The environment record every results file carries (conventions.md §5)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _git(*args: str) -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
+    """Versions, device, thread counts, numerics flags, git revision, time and command line."""
+    device = torch.device(device)
+    rec = {
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git("rev-parse", "HEAD") or "unknown",
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu_model": cpu_model(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "command": " ".join(sys.argv),
+    }
+    rec.update(extra)
+    return rec
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda when available else cpu. Raises ValueError for cuda without a GPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device: expected auto, cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but torch.cuda.is_available() is False")
+    return torch.device(device)
+
+
+def set_seed(seed: int) -> int:
+    """Seed python, numpy and torch (CUDA included); validates the uint32 range and returns the seed."""
+    import random
+
+    import numpy as np
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed: expected an int in [0, 2**32), got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return seed

@@ -1,0 +1,1 @@
+"""One module per table/figure: presets, the grid of cells, the per-cell function, the paper's numbers."""

@@ -1,0 +1,89 @@
+"""GPT-style decoder over tokens with any registered attention."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..variants.base import check_choice, check_positive_int
+from .stack import AttentionStack, StackConfig
+
+
+class ModelOutput(NamedTuple):
+    logits: Tensor
+    aux_loss: Tensor  # sum of the attentions' auxiliary losses (MoA balancing, DAMCHA KL); 0 if none
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div[: d_model // 2])
+    return pe
+
+
+class Decoder(nn.Module):
+    """Decoder-only language model: token embedding + positions -> blocks -> (final LN) -> tied head.
+
+    ``forward(tokens [B,T], padding_mask=None) -> ModelOutput(logits [B,T,V], aux_loss)``. Defaults are GPT-2-like
+    (pre-LN, learned positions, tied output head); ``norm="post", positions="sinusoidal"`` is the DAMCHA authors'
+    decoder (variants.md §0.2). ``share_mlp=True``: DAMCHA's metric generator is built once at construction, run
+    once per forward on the stack input (embeddings + positions), and its metrics are reused by every layer.
+
+    Raises:
+        ValueError: non-positive sizes, unknown attention or option, tokens not an integer [B,T] tensor within
+            the vocabulary and ``max_seq_len``.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, attention: str = "mha",
+                 attention_options: dict | None = None, share_mlp: bool = True, d_ff: int | None = None,
+                 max_seq_len: int = 1024, dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "pre",
+                 positions: str = "learned", tie_weights: bool = True):
+        super().__init__()
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("max_seq_len", max_seq_len)
+        check_choice("positions", positions, ("learned", "sinusoidal"))
+        self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}), share_mlp,
+                               causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
+                               max_seq_len=max_seq_len)
+        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        if positions == "learned":
+            self.pos_emb = nn.Parameter(torch.zeros(max_seq_len, d_model))
+            nn.init.normal_(self.pos_emb, std=0.02)
+        else:
+            self.register_buffer("pos_emb", sinusoidal_positions(max_seq_len, d_model), persistent=False)
+        nn.init.normal_(self.tok_emb.weight, std=0.02)
+        self.drop = nn.Dropout(dropout)
+        self.stack = AttentionStack(self.cfg)
+        self.ln_f = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> ModelOutput:
+        if not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.is_floating_point():
+            got = (tokens.dtype, tuple(tokens.shape)) if torch.is_tensor(tokens) else type(tokens).__name__
+            raise ValueError(f"tokens: expected an integer tensor [B, T], got {got}")
+        B, T = tokens.shape
+        if T > self.max_seq_len:
+            raise ValueError(f"tokens: sequence length {T} exceeds max_seq_len={self.max_seq_len}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(f"tokens: ids must lie in [0, {self.vocab_size}), got [{int(tokens.min())}, "
+                             f"{int(tokens.max())}]")
+        x = self.drop(self.tok_emb(tokens) + self.pos_emb[:T])  # (B, T, D)
+        h, aux = self.stack(x, padding_mask)
+        return ModelOutput(self.head(self.ln_f(h)), aux)
+
+    def get_M_matrices(self) -> list[tuple[str, Tensor]]:
+        return [(f"stack.{name}", M) for name, M in self.stack.get_M_matrices()]
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel() + (self.pos_emb.numel() if isinstance(self.pos_emb, nn.Parameter) else 0)
+        return n
