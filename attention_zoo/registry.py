@@ -41,7 +41,8 @@ class AttentionSpec:
         sig = inspect.signature(self.cls.__init__)
         skip = {"self", "d_model", "n_heads", "causal", "dropout"}
         params = sig.parameters.values()
-        return tuple(p.name for p in params if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD)
+        named = tuple(p.name for p in params if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD)
+        return named + tuple(getattr(self.cls, "extra_options", ()))  # options taken through **kwargs
 
 
 _REGISTRY: dict[str, AttentionSpec] = {}

@@ -91,7 +91,7 @@ class AttentionStack(nn.Module):
             opts = {**opts, "shared": self.shared, "share_mlp": cfg.share_mlp}
         layers = []
         for i in range(cfg.n_layers):
-            layer_opts = {**opts, "layer_idx": i} if spec.stack_shared else opts
+            layer_opts = {**opts, "layer_idx": i, "n_layers": cfg.n_layers} if spec.stack_shared else opts
             attn = create_attention(cfg.attention, **common, **layer_opts)
             layers.append(Block(attn, cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.dropout, cfg.norm))
         self.layers = nn.ModuleList(layers)

@@ -1,0 +1,184 @@
+"""DAMCHA: Data-Adaptive Mahalanobis Cross-Head Attention (arXiv 2610.13261; variants.md §7).
+
+Per head i, scores are Mahalanobis-style forms on the raw positional slice X_i of the attention input:
+S_i = X_i m_i X_iᵀ / √d_h with m_i = Σ_j M_ij, M = f_θ(context) (see damcha_generator.py). There are no W_q,
+W_k; values and output keep the standard V_i = X W_v, Y = concat(A_i V_i) W_o. Because the scores are a dot
+product of q_i = X_i m_i with k_i = X_i, the core runs on F.scaled_dot_product_attention, causal included.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..registry import register_attention
+from .base import AttentionBase, Masks, check_positive_int
+from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, block_scale_matrix, head_queries
+
+
+@register_attention("damcha")
+class MBasedAttention(AttentionBase):
+    """DAMCHA attention layer (the authors' ``MBasedAttention``) with their option names.
+
+    Options: ``use_M`` (False: standard Q/K/V attention), ``use_mlp`` (False: a learnable static D×D M0 per layer,
+    identity init), ``share_mlp`` (stack-level; read by the backbone), generator options of ``MetricConfig``
+    (``hidden_dims`` — alias ``mlp_hidden`` —, ``off_diag_mode``, ``diag_scale``, ``off_diag_scale``,
+    ``compact_rank``, ``use_layer_bias``, ``layer_bias_rank``, ``free_M``, ``fused_rowsum``, ``gen_dropout``,
+    ``off_diag_alpha_init``, ``kl_weight``, ``query_chunk``), ``use_multihead_M`` (accepted for compatibility:
+    the per-head RowSum is always used). ``shared``/``layer_idx``/``n_layers`` are set by the backbone.
+
+    Raises:
+        ValueError: an illegal option value (the message names it), or ``hidden_dims`` and ``mlp_hidden`` both given.
+    """
+
+    fused_kernel = True
+    stack_shared = True
+    has_metric = True
+    has_aux_loss = True  # bayesian off_diag_mode: KL of α
+    flavors = ("paper",)
+    extra_options = MetricConfig.names()
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", use_M: bool = True, use_mlp: bool = True, share_mlp: bool = True,
+                 mlp_hidden: tuple[int, ...] | None = None, use_multihead_M: bool = True,
+                 shared: StructuredMLPForM | None = None, layer_idx: int = 0, n_layers: int = 1,
+                 max_seq_len: int | None = None, **metric_options):
+        super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
+        for name, v in (("use_M", use_M), ("use_mlp", use_mlp), ("share_mlp", share_mlp),
+                        ("use_multihead_M", use_multihead_M)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name}: expected a bool, got {v!r}")
+        check_positive_int("n_layers", n_layers)
+        check_positive_int("layer_idx", layer_idx, allow_zero=True)
+        if layer_idx >= n_layers:
+            raise ValueError(f"layer_idx: expected < n_layers={n_layers}, got {layer_idx}")
+        self.cfg = metric_config(mlp_hidden, metric_options)
+        self.use_M, self.use_mlp, self.share_mlp = use_M, use_mlp, share_mlp
+        self.layer_idx, self.n_layers = layer_idx, n_layers
+        D = d_model
+        self.v_proj = nn.Linear(D, D)
+        self.out_proj = nn.Linear(D, D)
+        self.generator: StructuredMLPForM | None = None
+        if not use_M:  # standard Q/K/V attention inside the DAMCHA code path
+            self.q_proj, self.k_proj = nn.Linear(D, D), nn.Linear(D, D)
+        elif not use_mlp:  # "w/o f(x)": static metric, RowSum(M0) = I at init
+            self.M0 = nn.Parameter(torch.eye(D))
+            self.block_scales = (float(self.cfg.diag_scale), float(self.cfg.off_diag_scale))
+        elif shared is not None:
+            # Referenced, not registered: the stack owns it, so it is counted and saved once.
+            object.__setattr__(self, "_shared", shared)
+        else:
+            self.generator = StructuredMLPForM(D, n_heads, causal, n_layers, self.cfg)
+        self._last_summary: Tensor | None = None
+
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, share: bool, d_model: int, n_heads: int, causal: bool,
+                           dropout: float = 0.0, **options) -> StructuredMLPForM | None:
+        """One generator for the whole stack (``share_mlp=True``), or None when layers own theirs / have none."""
+        if not share or not options.get("use_M", True) or not options.get("use_mlp", True):
+            return None
+        metric_options = {k: v for k, v in options.items() if k in MetricConfig.names()}
+        return StructuredMLPForM(d_model, n_heads, causal, n_layers, metric_config(options.get("mlp_hidden"),
+                                                                                   metric_options))
+
+    @property
+    def metric_generator(self) -> StructuredMLPForM | None:
+        return self.generator if self.generator is not None else self.__dict__.get("_shared")
+
+    # ---- forward --------------------------------------------------------------------------------------------
+    def _attend(self, x: Tensor, masks: Masks, stack_context: MetricContext | None) -> Tensor:
+        v = self.split_heads(self.v_proj(x))  # (B, H, T, dh)
+        if not self.use_M:
+            q, k = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x))
+        else:
+            k = self.split_heads(x)  # (B, H, T, dh): raw positional slices X_i
+            q = self.queries(k, x, masks.padding, stack_context)
+        out = self.sdpa(q, k, v, masks)  # softmax(X_i m_i X_iᵀ / √dh) V_i
+        return self.out_proj(self.merge_heads(out))
+
+    def queries(self, xh: Tensor, x: Tensor, padding_mask: Tensor | None, stack_context) -> Tensor:
+        if not self.use_mlp:
+            return head_queries(xh, self.static_metrics()[None])
+        gen = self.metric_generator
+        ctx = stack_context if stack_context is not None else gen.prepare(x, padding_mask, self.layer_idx)
+        self._last_summary = ctx.summary
+        return gen.queries(xh, ctx, self.layer_idx)
+
+    def static_metrics(self) -> Tensor:
+        """RowSum(M0 ⊙ block scales) as [H, dh, dh]."""
+        H, dh = self.n_heads, self.head_dim
+        M = self.M0.reshape(H, dh, H, dh)
+        if self.block_scales != (1.0, 1.0):
+            M = M * block_scale_matrix(H, *self.block_scales, M)[:, None, :, None]
+        return M.sum(2)
+
+    # ---- inspection -----------------------------------------------------------------------------------------
+    def get_M_matrices(self) -> list[tuple[str, Tensor]]:
+        """[(name, D×D metric)]: generated from the last batch's contexts (final prefix when causal), averaged over
+        the batch; the static M0 (block scales applied) without f(x); [] for use_M=False or before any forward."""
+        if not self.use_M:
+            return []
+        if not self.use_mlp:
+            H, dh = self.n_heads, self.head_dim
+            S = block_scale_matrix(H, *self.block_scales, self.M0)
+            return [("attn.M0", (self.M0.reshape(H, dh, H, dh) * S[:, None, :, None]).detach().reshape_as(self.M0))]
+        if self._last_summary is None:
+            return []
+        return [("attn.M", self.metric_generator.metric_matrix(self._last_summary, self.layer_idx))]
+
+    def get_kl_divergence(self) -> Tensor:
+        gen = self.metric_generator
+        return gen.kl_divergence() if gen is not None else self.v_proj.weight.new_zeros(())
+
+    # ---- analytic costs -------------------------------------------------------------------------------------
+    def _calls_generator(self) -> bool:
+        """Whether this layer runs the generator's context + hidden layers itself."""
+        gen = self.metric_generator
+        return gen is not None and (self.generator is not None or gen.cfg.use_layer_bias)
+
+    def analytic_params(self) -> int:
+        D = self.d_model
+        n = 2 * D * D + 2 * D  # V and O
+        if not self.use_M:
+            return n + 2 * D * D + 2 * D
+        if not self.use_mlp:
+            return n + D * D
+        return n + (self.generator.analytic_params() if self.generator is not None else 0)
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        D, T, dh = self.d_model, seq_len, self.head_dim
+        flops = batch * (4 * T * D * D + 4 * T * T * D)  # V, O projections; scores and A·V
+        if not self.use_M:
+            return flops + batch * 4 * T * D * D
+        flops += batch * 2 * T * D * dh  # q_i = X_i m_i over heads: T·H·dh² MACs
+        gen = self.metric_generator
+        if gen is None:
+            return flops
+        if self._calls_generator():
+            return flops + gen.trunk_flops(batch, seq_len) + gen.head_flops(batch, seq_len)
+        return flops + (gen.head_flops(batch, seq_len) if gen.causal else 0)  # causal: final layer per layer
+
+    def extra_repr(self) -> str:
+        kind = "mha" if not self.use_M else ("static" if not self.use_mlp else
+                                             ("shared" if self.generator is None else "own generator"))
+        return f"{super().extra_repr()}, metric={kind}, layer_idx={self.layer_idx}"
+
+
+def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
+    """MetricConfig from the layer's keyword options; ``mlp_hidden`` is the authors' alias of ``hidden_dims``."""
+    metric_options = dict(metric_options)
+    if mlp_hidden is not None:
+        if "hidden_dims" in metric_options and tuple(metric_options["hidden_dims"]) != tuple(mlp_hidden):
+            raise ValueError("mlp_hidden: give hidden_dims or its alias mlp_hidden, not both")
+        metric_options["hidden_dims"] = tuple(mlp_hidden)
+    unknown = sorted(set(metric_options) - set(MetricConfig.names()))
+    if unknown:
+        raise ValueError(f"options: damcha does not accept {', '.join(unknown)}")
+    return MetricConfig(**metric_options)
+
+
+def set_block_scales(model: nn.Module, diag_scale: float, off_diag_scale: float) -> None:
+    """Inference-time block ablation (Table 3): (1, 0) diagonal-only, (0, 1) off-diagonal-only, (1, 1) full."""
+    for m in model.modules():
+        if hasattr(m, "block_scales"):
+            m.block_scales = (float(diag_scale), float(off_diag_scale))

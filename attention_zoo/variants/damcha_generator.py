@@ -1,0 +1,301 @@
+"""DAMCHA's metric generator f_θ (``StructuredMLPForM``, paper Eq. 3; variants.md §7.1–7.5).
+
+From a context vector c (the mean of the real tokens, or the causal prefix mean) it generates a D×D metric
+M = reshape(f_θ(c)) viewed as H×H blocks M_ij of size d_h×d_h, applies the block scales, and returns the per-head
+metrics m_i = Σ_j M_ij (RowSum over block columns, Eq. 4).
+
+Fused RowSum (variants.md §7.4): RowSum is linear, so in ``mlp`` mode it is folded into the final affine layer
+(W′ = Σ_j W[(i,a,j,c), :]) and the D² outputs are never built; values and gradients equal the explicit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .base import check_choice, check_fraction, check_positive_int
+
+OFF_DIAG_MODES = ("mlp", "linear_comb", "bayesian", "separate_B")
+_CHUNK_BUDGET = 1 << 22  # metric elements held at once by the causal path (16 MiB in fp32)
+
+
+@dataclass
+class MetricConfig:
+    """Generator options (names as in the DAMCHA authors' code)."""
+
+    hidden_dims: tuple[int, ...] = (256, 512)  # () gives one Linear(D -> D²)
+    off_diag_mode: str = "mlp"
+    diag_scale: float = 1.0
+    off_diag_scale: float = 1.0
+    compact_rank: int = 0  # r > 0: generator outputs U, V ∈ R^{D×r}, M = U Vᵀ / √r
+    use_layer_bias: bool = False
+    layer_bias_rank: int = 16
+    free_M: bool = False  # skips block masking; identical to mlp mode in the authors' current code
+    fused_rowsum: bool = True
+    gen_dropout: float = 0.1
+    off_diag_alpha_init: float = 0.1
+    kl_weight: float = 1e-4
+    query_chunk: int | None = None  # causal path: positions per chunk (None: sized to a fixed memory budget)
+
+    def __post_init__(self):
+        if isinstance(self.hidden_dims, int) or not all(isinstance(h, int) and h > 0 for h in self.hidden_dims):
+            raise ValueError(f"hidden_dims: expected a sequence of positive ints, got {self.hidden_dims!r}")
+        self.hidden_dims = tuple(self.hidden_dims)
+        check_choice("off_diag_mode", self.off_diag_mode, OFF_DIAG_MODES)
+        check_positive_int("compact_rank", self.compact_rank, allow_zero=True)
+        check_positive_int("layer_bias_rank", self.layer_bias_rank)
+        check_fraction("gen_dropout", self.gen_dropout)
+        for name in ("diag_scale", "off_diag_scale", "off_diag_alpha_init", "kl_weight"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name}: expected a finite float, got {v!r}")
+        if self.query_chunk is not None:
+            check_positive_int("query_chunk", self.query_chunk)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass
+class MetricContext:
+    """What one generator call leaves for the layers that use it."""
+
+    summary: Tensor  # [B, D] detached context (final prefix when causal), for get_M_matrices
+    hidden: Tensor  # z, the penultimate activations: [B, w] or [B, T, w]
+    alpha: Tensor | None  # α of linear_comb / bayesian, sampled once per forward
+    metrics: Tensor | None  # [B, H, dh, dh] (non-causal only; causal metrics are made chunk by chunk)
+
+
+def token_context(x: Tensor, padding_mask: Tensor | None, causal: bool) -> Tensor:
+    """Mean over real tokens [B,D], or causal prefix means [B,T,D]; padding joins neither."""
+    if padding_mask is not None:
+        x = x.masked_fill(~padding_mask[..., None], 0.0)
+        count = padding_mask.to(x.dtype)  # (B, T)
+    else:
+        count = x.new_ones(x.shape[:2])
+    if causal:
+        return x.cumsum(1) / count.cumsum(1).clamp(min=1.0)[..., None]  # (B, T, D)
+    return x.sum(1) / count.sum(1).clamp(min=1.0)[:, None]  # (B, D)
+
+
+def block_scale_matrix(n_heads: int, diag: float, off: float, like: Tensor) -> Tensor:
+    """S[i, j] = diag if i == j else off, shape [H, H]."""
+    eye = torch.eye(n_heads, dtype=like.dtype, device=like.device)
+    return off + (diag - off) * eye
+
+
+def head_queries(xh: Tensor, m: Tensor) -> Tensor:
+    """q_i = X_i m_i. xh [B,H,T,dh]; m [B,H,dh,dh] (per sequence) or [B,T,H,dh,dh] (per position)."""
+    if m.dim() == 4:
+        return xh @ m  # (B, H, T, dh)
+    return torch.einsum("bhta,bthae->bhte", xh, m)  # (B, H, T, dh)
+
+
+class StructuredMLPForM(nn.Module):
+    """Metric generator: context -> hidden MLP (Linear, GELU, Dropout)* -> Linear(w_last -> D² or 2·D·r)."""
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, n_layers: int = 1,
+                 config: MetricConfig | None = None):
+        super().__init__()
+        cfg = config or MetricConfig()
+        self.cfg, self.causal, self.n_layers = cfg, causal, n_layers
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        D, H, dh = d_model, n_heads, self.head_dim
+        layers, width = [], D
+        for h in cfg.hidden_dims:
+            layers += [nn.Linear(width, h), nn.GELU(), nn.Dropout(cfg.gen_dropout)]
+            width = h
+        self.trunk = nn.Sequential(*layers)
+        self.out = nn.Linear(width, 2 * D * cfg.compact_rank if cfg.compact_rank else D * D)
+        self.block_scales = (float(cfg.diag_scale), float(cfg.off_diag_scale))
+        if cfg.off_diag_mode == "linear_comb":
+            self.alpha = nn.Parameter(torch.randn(H, H, H) * cfg.off_diag_alpha_init)
+        elif cfg.off_diag_mode == "bayesian":
+            self.alpha_mu = nn.Parameter(torch.randn(H, H, H) * cfg.off_diag_alpha_init)
+            self.alpha_logvar = nn.Parameter(torch.full((H, H, H), -4.0))
+        elif cfg.off_diag_mode == "separate_B":
+            self.B = nn.Parameter(torch.randn(H, dh, D) * 0.01)
+        if cfg.use_layer_bias:
+            r = cfg.layer_bias_rank
+            self.bias_U = nn.Parameter(nn.init.orthogonal_(torch.empty(D, r), gain=0.1))
+            self.bias_V = nn.Parameter(nn.init.orthogonal_(torch.empty(D, r), gain=0.1))
+            std = 0.1 * (1.0 + 0.2 * torch.arange(n_layers, dtype=torch.float32))[:, None]
+            self.bias_s = nn.Parameter(torch.randn(n_layers, r) * std)  # s_l ~ N(0, (0.1·(1+0.2·l))²)
+        self.aux_loss: Tensor | None = None
+
+    # ---- structure ----------------------------------------------------------------------------------------
+    @property
+    def fusable(self) -> bool:
+        """Fused RowSum applies to plain mlp output without compact factors or layer bias (variants.md §7.4)."""
+        c = self.cfg
+        return c.compact_rank == 0 and c.off_diag_mode in ("mlp",) and not c.use_layer_bias
+
+    @property
+    def fused(self) -> bool:
+        return self.cfg.fused_rowsum and self.fusable
+
+    def _unit_scales(self) -> bool:
+        return self.block_scales == (1.0, 1.0)
+
+    # ---- the generator call ---------------------------------------------------------------------------------
+    def prepare(self, x: Tensor, padding_mask: Tensor | None, layer_idx: int | None = None) -> MetricContext:
+        """Run context + hidden layers once; metrics follow from ``metric_fn`` (per layer when causal)."""
+        ctx = token_context(x, padding_mask, self.causal)
+        summary = (ctx[:, -1] if self.causal else ctx).detach()
+        z = self.trunk(ctx)
+        alpha = self.sample_alpha()
+        if self.cfg.off_diag_mode == "bayesian":
+            self.aux_loss = self.cfg.kl_weight * self.kl_divergence()
+        metrics = None if self.causal else self.metric_fn(alpha, layer_idx)(z)
+        return MetricContext(summary, z, alpha, metrics)
+
+    def stack_context(self, x: Tensor, padding_mask: Tensor | None) -> MetricContext | None:
+        """The once-per-stack call. With a layer bias each layer calls the generator on its own input."""
+        return None if self.cfg.use_layer_bias else self.prepare(x, padding_mask)
+
+    def sample_alpha(self) -> Tensor | None:
+        mode = self.cfg.off_diag_mode
+        if mode == "linear_comb":
+            return self.alpha
+        if mode == "bayesian":
+            if not self.training:
+                return self.alpha_mu
+            return self.alpha_mu + torch.exp(0.5 * self.alpha_logvar) * torch.randn_like(self.alpha_mu)
+        return None
+
+    def kl_divergence(self) -> Tensor:
+        """½ Σ_{i≠j,k} (σ² + μ² − 1 − log σ²) against N(0, 1); 0 unless bayesian."""
+        if self.cfg.off_diag_mode != "bayesian":
+            return self.out.weight.new_zeros(())
+        off = (1.0 - torch.eye(self.n_heads, device=self.alpha_mu.device, dtype=self.alpha_mu.dtype))[..., None]
+        lv = self.alpha_logvar
+        return 0.5 * ((lv.exp() + self.alpha_mu**2 - 1.0 - lv) * off).sum()
+
+    # ---- metrics --------------------------------------------------------------------------------------------
+    def metric_fn(self, alpha: Tensor | None, layer_idx: int | None):
+        """z [..., w] -> per-head metrics m [..., H, dh, dh], with the weight folding done once."""
+        H, dh = self.n_heads, self.head_dim
+        if self.fused:
+            W, b = self.folded_output()
+            return lambda z: F.linear(z, W, b).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
+        return lambda z: self.full_metric(z, alpha, layer_idx).sum(-2)  # RowSum over block columns j
+
+    def folded_output(self) -> tuple[Tensor, Tensor]:
+        """W′ [(H·dh·dh), w] and b′: the final layer summed over block columns j, block scales folded in."""
+        H, dh = self.n_heads, self.head_dim
+        W = self.out.weight.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh, w)
+        b = self.out.bias.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh)
+        if self._unit_scales():
+            return W.sum(2).flatten(0, 2), b.sum(2).flatten()
+        S = block_scale_matrix(H, *self.block_scales, W)  # (H, H)
+        return torch.einsum("iajck,ij->iack", W, S).flatten(0, 2), torch.einsum("iajc,ij->iac", b, S).flatten()
+
+    def full_metric(self, z: Tensor, alpha: Tensor | None, layer_idx: int | None) -> Tensor:
+        """The explicit D×D metric as blocks [..., H(i), dh(a), H(j), dh(c)], block scales applied."""
+        cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
+        out = self.out(z)
+        if cfg.compact_rank:
+            U, V = out.unflatten(-1, (2, D, cfg.compact_rank)).unbind(-3)  # (..., D, r) each
+            M = U @ V.transpose(-1, -2) / math.sqrt(cfg.compact_rank)  # (..., D, D)
+        else:
+            M = out.unflatten(-1, (D, D))  # (..., D, D)
+        M = M.unflatten(-1, (H, dh)).unflatten(-3, (H, dh))  # (..., H, dh, H, dh)
+        eye = torch.eye(H, dtype=M.dtype, device=M.device)
+        if cfg.off_diag_mode in ("linear_comb", "bayesian"):
+            diag = M.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # (..., H(k), dh, dh): generated blocks D_k
+            off = torch.einsum("ijk,...kac->...iajc", alpha, diag)  # Σ_k α_ijk D_k
+            M = torch.einsum("ij,...iac->...iajc", eye, diag) + off * (1 - eye)[:, None, :, None]
+        elif cfg.off_diag_mode == "separate_B":
+            B = self.B.reshape(H, dh, H, dh)  # free off-diagonal entries, B ∈ R^{H×dh×D} viewed as D×D
+            M = M * eye[:, None, :, None] + B * (1 - eye)[:, None, :, None]
+        if cfg.use_layer_bias:
+            s = self.bias_s[0 if layer_idx is None else layer_idx]
+            bias = (self.bias_U * s) @ self.bias_V.T  # U diag(s_l) Vᵀ, (D, D)
+            M = M + bias.reshape(H, dh, H, dh)
+        if not self._unit_scales():
+            M = M * block_scale_matrix(H, *self.block_scales, M)[:, None, :, None]
+        return M
+
+    def queries(self, xh: Tensor, ctx: MetricContext, layer_idx: int | None) -> Tensor:
+        """q_i = X_i m_i for the heads' raw slices xh [B,H,T,dh]."""
+        if ctx.metrics is not None:
+            return head_queries(xh, ctx.metrics)
+        fn = self.metric_fn(ctx.alpha, layer_idx)
+        B, H, T, dh = xh.shape
+        per_pos = B * (H * dh * dh if self.fused else self.d_model**2)
+        chunk = self.cfg.query_chunk or max(1, _CHUNK_BUDGET // per_pos)
+
+        def chunk_queries(x_c: Tensor, z_c: Tensor) -> Tensor:
+            return head_queries(x_c, fn(z_c))  # metrics for `chunk` positions only
+
+        # Checkpointing keeps the [B,chunk,H,dh,dh] metrics out of the autograd graph: memory O(B·T·D) + a chunk.
+        remat = torch.is_grad_enabled()
+        out = []
+        for s in range(0, T, chunk):
+            x_c, z_c = xh[:, :, s : s + chunk], ctx.hidden[:, s : s + chunk]
+            if remat:
+                out.append(checkpoint(chunk_queries, x_c, z_c, use_reentrant=False, preserve_rng_state=False))
+            else:
+                out.append(chunk_queries(x_c, z_c))
+        return torch.cat(out, dim=2)  # (B, H, T, dh)
+
+    @torch.no_grad()
+    def metric_matrix(self, summary: Tensor, layer_idx: int | None) -> Tensor:
+        """Full D×D metric for visualisation: generated from ``summary`` [B,D], averaged over the batch."""
+        with _eval_mode(self):
+            z = self.trunk(summary)
+            M = self.full_metric(z, self.sample_alpha(), layer_idx)
+        return M.mean(0).reshape(self.d_model, self.d_model)
+
+    # ---- analytic costs -------------------------------------------------------------------------------------
+    def analytic_params(self) -> int:
+        cfg, D, H = self.cfg, self.d_model, self.n_heads
+        widths = (D, *cfg.hidden_dims, self.out.out_features)
+        n = sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
+        n += {"mlp": 0, "linear_comb": H**3, "bayesian": 2 * H**3, "separate_B": D * D}[cfg.off_diag_mode]
+        if cfg.use_layer_bias:
+            n += 2 * D * cfg.layer_bias_rank + self.n_layers * cfg.layer_bias_rank
+        return n
+
+    def calls(self, seq_len: int) -> int:
+        """Generator calls per sequence: one context, or one per prefix when causal."""
+        return seq_len if self.causal else 1
+
+    def trunk_flops(self, batch: int, seq_len: int) -> int:
+        widths = (self.d_model, *self.cfg.hidden_dims)
+        return 2 * batch * self.calls(seq_len) * sum(i * o for i, o in zip(widths[:-1], widths[1:]))
+
+    def head_flops(self, batch: int, seq_len: int) -> int:
+        """Final layer (fused: D·dh outputs; explicit: D² or 2·D·r) plus compact product and α mixing."""
+        cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
+        w = self.out.in_features
+        macs = w * (D * dh if self.fused else self.out.out_features)
+        if cfg.compact_rank:
+            macs += D * D * cfg.compact_rank
+        if cfg.off_diag_mode in ("linear_comb", "bayesian"):
+            macs += H * H * H * dh * dh
+        return 2 * batch * self.calls(seq_len) * macs
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        """The once-per-stack call: trunk, plus the final layer when the metrics are precomputed (non-causal)."""
+        if self.cfg.use_layer_bias:
+            return 0  # each layer calls the generator itself; the layers count it
+        head = 0 if self.causal else self.head_flops(batch, seq_len)
+        return self.trunk_flops(batch, seq_len) + head
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module):
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)

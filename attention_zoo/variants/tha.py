@@ -1,0 +1,123 @@
+"""THA: Talking-Heads Attention (Shazeer et al. 2020, arXiv 2003.02436; variants.md §2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..registry import register_attention
+from .base import AttentionBase, Masks, check_choice
+
+
+def mix_heads(weight: Tensor, a: Tensor) -> Tensor:
+    """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view."""
+    B, H, T, S = a.shape
+    return (weight @ a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
+
+
+def softmax_fp32(scores: Tensor) -> Tensor:
+    """Softmax over keys, computed in at least fp32, returned in the input dtype."""
+    low = scores.dtype in (torch.float16, torch.bfloat16)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32 if low else None).to(scores.dtype)
+
+
+def mask_logits_(scores: Tensor, masks: Masks) -> Tensor:
+    """In-place ``masks.apply(scores, finfo.min)`` on a fresh non-leaf tensor (saves two [B,H,T,S] copies).
+
+    Invisible keys get the most negative *finite* value, never -inf, so nothing non-finite is produced even
+    for fully masked rows (which get zero logits, then zero weights after the softmax).
+    """
+    if masks.bias is not None:
+        scores += masks.bias
+    if masks.keep is not None:
+        scores.masked_fill_(~masks.keep, torch.finfo(scores.dtype).min)
+    if masks.dead is not None:
+        scores.masked_fill_(masks.dead, 0.0)
+    return scores
+
+
+def zero_invisible_(weights: Tensor, masks: Masks) -> Tensor:
+    """In-place re-zeroing of invisible keys and dead rows after a post-softmax head mix.
+
+    A head-shared mask leaves exactly 0 at invisible keys of every head (exp(finfo.min - max) == 0), and a
+    linear head mix keeps them 0, so only per-head masks and dead rows (uniform weights) need the fill.
+    """
+    if masks.keep is not None and masks.keep.shape[1] != 1:
+        weights.masked_fill_(~masks.keep, 0.0)
+    if masks.dead is not None:
+        weights.masked_fill_(masks.dead, 0.0)
+    return weights
+
+
+@register_attention("tha")
+class TalkingHeadsAttention(AttentionBase):
+    """Talking-heads attention: heads are mixed before the softmax (logits) and after it (weights).
+
+    Pipeline: J = QK^T/sqrt(dh) -> L = P_l J (mix over heads) -> mask (finite negative, AFTER the mix)
+    -> softmax (fp32) -> U = P_w W (mix over heads) -> re-zero masked entries / dead rows -> dropout -> U V
+    -> out_proj. Only the h_k = h = h_v = H case is built (the paper allows different head counts).
+    Both mixes are bias-free: a post-mix bias would put weight on masked (future) keys.
+
+    Flavours: ``paper`` (Mesh-TF ``TalkingHeadsSelfAttention``; ``mix_init="random"``, N(0, 1/H)) and
+    ``damcha_repo`` (the DAMCHA authors' ``THAAttention``: identity init, so it starts as MHA; their code
+    has no guard for fully masked rows, this one keeps them finite in both flavours). ``pre_proj`` /
+    ``post_proj`` are ``Linear(H, H, bias=False)`` in both, weight[o, i] mixing head i into head o.
+
+    Raises:
+        ValueError: bad ``flavor``, ``mix_init``, sizes or dropout (see ``AttentionBase``).
+    """
+
+    needs_full_logits = True
+    flavors = ("paper", "damcha_repo")
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        causal: bool = False,
+        dropout: float = 0.0,
+        *,
+        flavor: str = "paper",
+        bias: bool = True,
+        mix_init: str | None = None,
+        max_seq_len: int | None = None,
+    ):
+        super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
+        if mix_init is None:  # each flavour's published default
+            mix_init = "random" if flavor == "paper" else "identity"
+        self.mix_init = check_choice("mix_init", mix_init, ("identity", "random"))
+        self.bias = bool(bias)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W_q; W_k; W_v] (mha.py layout)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.pre_proj = nn.Linear(n_heads, n_heads, bias=False)  # P_l^T
+        self.post_proj = nn.Linear(n_heads, n_heads, bias=False)  # P_w^T
+        self.reset_mixing()
+
+    def reset_mixing(self) -> None:
+        """Identity, or Mesh-TF's variance-scaling normal N(0, 1/H) (fan-in = H)."""
+        with torch.no_grad():
+            for lin in (self.pre_proj, self.post_proj):
+                if self.mix_init == "identity":
+                    lin.weight.copy_(torch.eye(self.n_heads))
+                else:
+                    lin.weight.normal_(0.0, self.n_heads**-0.5)
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
+        q, k, v = qkv.unbind(0)
+        # the 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S]
+        logits = mix_heads(self.pre_proj.weight * self.head_dim**-0.5, q @ k.transpose(-2, -1))  # (B, H, T, S)
+        weights = softmax_fp32(mask_logits_(logits, masks))  # (B, H, T, S)
+        weights = zero_invisible_(mix_heads(self.post_proj.weight, weights), masks)  # (B, H, T, S)
+        out = self.attn_drop(weights) @ v  # (B, H, T, dh)
+        return self.out_proj(self.merge_heads(out))
+
+    def analytic_params(self) -> int:
+        D, H = self.d_model, self.n_heads
+        return 4 * D * D + (4 * D if self.bias else 0) + 2 * H * H
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        D, H, T = self.d_model, self.n_heads, seq_len
+        mha = 8 * T * D * D + 4 * T * T * D  # projections + QK^T and UV
+        return batch * (mha + 2 * (2 * T * T * H * H))  # + pre-mix and post-mix (H^2 MACs per (t, s) each)
