@@ -1,7 +1,9 @@
 """attention_zoo: seven attention mechanisms behind one registry, and the DAMCHA paper's evidence."""
 
-from . import _tvshim  # noqa: F401  (must run before anything imports torchvision)
-from . import variants  # noqa: F401  (registers the variants)
+from . import (
+    _tvshim,  # noqa: F401  (must run before anything imports torchvision)
+    variants,  # noqa: F401  (registers the variants)
+)
 from .registry import (
     AttentionSpec,
     create_attention,

@@ -41,7 +41,7 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
     """Versions, device, thread counts, numerics flags, git revision, time and command line."""
     device = torch.device(device)
     rec = {
-        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "HEAD") or "unknown",
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "python": sys.version.split()[0],

@@ -201,7 +201,8 @@ class AttentionBase(nn.Module, abc.ABC):
         if stack_context is not None and not self.stack_shared:
             raise _err("stack_context", f"{type(self).__name__} does not take a stack context")
         B, T, _ = x.shape
-        masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, self.extra_keep(T, x.device))
+        extra = self.extra_keep(T, x.device)
+        masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, extra)
         y = self._attend(x, masks, stack_context)
         if masks.padding is not None:
             y = y.masked_fill(~masks.padding[..., None], 0.0)
