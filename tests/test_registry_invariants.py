@@ -8,13 +8,26 @@ import attention_zoo as zoo
 from attention_zoo.registry import get_attention_spec
 
 D, H, B, T = 16, 4, 3, 7
-PAIRS = [(n, f) for n in zoo.list_attentions() for f in get_attention_spec(n).flavors]
-IDS = [f"{n}-{f}" for n, f in PAIRS]
+# Option sets beyond the defaults that must satisfy the same invariants.
+EXTRA_OPTIONS = {
+    "damcha": [
+        {"collapsed_generator": True},
+        {"use_mlp": False},
+        {"use_M": False},
+        {"off_diag_mode": "bayesian", "fused_rowsum": False},
+        {"compact_rank": 2, "use_layer_bias": True, "layer_bias_rank": 2},
+    ],
+}
+CASES = [(n, f, {}) for n in zoo.list_attentions() for f in get_attention_spec(n).flavors]
+CASES += [(n, "paper", opts) for n, extra in EXTRA_OPTIONS.items() for opts in extra]
+PAIRS = [(n, (f, opts)) for n, f, opts in CASES]
+IDS = [f"{n}-{f}" + "".join(f"-{k}={v}" for k, v in opts.items()) for n, f, opts in CASES]
 
 
 def make(name, flavor, causal, dtype=torch.float64, **kw):
+    flavor, opts = flavor if isinstance(flavor, tuple) else (flavor, {})
     torch.manual_seed(0)
-    attn = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, flavor=flavor, **kw)
+    attn = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, flavor=flavor, **opts, **kw)
     return attn.to(dtype).eval()
 
 
@@ -145,8 +158,9 @@ def test_decoder_prefix_causality(name, flavor):
         pytest.skip(f"{name} does not support causal masking")
     for share in (True, False):
         torch.manual_seed(0)
+        flavor_name, opts = flavor
         model = zoo.models.Decoder(vocab_size=31, d_model=D, n_layers=2, n_heads=H, attention=name,
-                                   attention_options={"flavor": flavor}, share_mlp=share, max_seq_len=16)
+                                   attention_options={"flavor": flavor_name, **opts}, share_mlp=share, max_seq_len=16)
         model = model.double().eval()
         tokens = torch.randint(0, 31, (2, 9), generator=torch.Generator().manual_seed(4))
         out = model(tokens)

@@ -42,6 +42,7 @@ class MetricConfig:
     off_diag_alpha_init: float = 0.1
     kl_weight: float = 1e-4
     query_chunk: int | None = None  # causal path: positions per chunk (None: sized to a fixed memory budget)
+    collapsed_generator: bool = False  # final layer outputs the H·dh·dh RowSums directly (see collapse_generator)
 
     def __post_init__(self):
         if isinstance(self.hidden_dims, int) or not all(isinstance(h, int) and h > 0 for h in self.hidden_dims):
@@ -57,6 +58,10 @@ class MetricConfig:
                 raise ValueError(f"{name}: expected a finite float, got {v!r}")
         if self.query_chunk is not None:
             check_positive_int("query_chunk", self.query_chunk)
+        if self.collapsed_generator and not (self.off_diag_mode == "mlp" and self.compact_rank == 0
+                                             and not self.use_layer_bias and self.fused_rowsum):
+            raise ValueError("collapsed_generator: needs off_diag_mode='mlp', compact_rank=0, use_layer_bias=False "
+                             "and fused_rowsum=True (only there does the loss see the output rows through RowSum)")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -115,6 +120,15 @@ class StructuredMLPForM(nn.Module):
         self.trunk = nn.Sequential(*layers)
         self.out = nn.Linear(width, 2 * D * cfg.compact_rank if cfg.compact_rank else D * D)
         self.block_scales = (float(cfg.diag_scale), float(cfg.off_diag_scale))
+        if cfg.collapsed_generator:
+            if self.block_scales != (1.0, 1.0):
+                raise ValueError("collapsed_generator: needs unit block scales while training (diag/off_diag_scale)")
+            # Initialised from the folded full layer (same random draw), so it starts as the full generator does.
+            W, b = fold_rowsum(self.out.weight, self.out.bias, H)
+            self.out = nn.utils.skip_init(nn.Linear, width, H * dh * dh)  # no RNG draw: later inits line up
+            with torch.no_grad():
+                self.out.weight.copy_(W / H)
+                self.out.bias.copy_(b / H)
         if cfg.off_diag_mode == "linear_comb":
             self.alpha = nn.Parameter(torch.randn(H, H, H) * cfg.off_diag_alpha_init)
         elif cfg.off_diag_mode == "bayesian":
@@ -140,6 +154,20 @@ class StructuredMLPForM(nn.Module):
     @property
     def fused(self) -> bool:
         return self.cfg.fused_rowsum and self.fusable
+
+    @property
+    def collapsed(self) -> bool:
+        return self.cfg.collapsed_generator
+
+    @property
+    def out_dim(self) -> int:
+        """Outputs of the final layer: D² (full), 2·D·r (compact) or H·dh·dh (collapsed)."""
+        c, D = self.cfg, self.d_model
+        return D * self.head_dim if c.collapsed_generator else (2 * D * c.compact_rank if c.compact_rank else D * D)
+
+    @property
+    def last_width(self) -> int:
+        return self.cfg.hidden_dims[-1] if self.cfg.hidden_dims else self.d_model
 
     def _unit_scales(self) -> bool:
         return self.block_scales == (1.0, 1.0)
@@ -189,17 +217,20 @@ class StructuredMLPForM(nn.Module):
 
     def folded_output(self) -> tuple[Tensor, Tensor]:
         """W′ [(H·dh·dh), w] and b′: the final layer summed over block columns j, block scales folded in."""
-        H, dh = self.n_heads, self.head_dim
-        W = self.out.weight.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh, w)
-        b = self.out.bias.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh)
-        if self._unit_scales():
-            return W.sum(2).flatten(0, 2), b.sum(2).flatten()
-        S = block_scale_matrix(H, *self.block_scales, W)  # (H, H)
-        return torch.einsum("iajck,ij->iack", W, S).flatten(0, 2), torch.einsum("iajc,ij->iac", b, S).flatten()
+        H = self.n_heads
+        if self.collapsed:
+            if not self._unit_scales():
+                raise ValueError("block_scales: a collapsed generator has no blocks to scale; use the full one")
+            return H * self.out.weight, H * self.out.bias  # W′ = H·P: Adam then moves W′ as the full model does
+        scales = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
+        return fold_rowsum(self.out.weight, self.out.bias, H, scales)
 
     def full_metric(self, z: Tensor, alpha: Tensor | None, layer_idx: int | None) -> Tensor:
         """The explicit D×D metric as blocks [..., H(i), dh(a), H(j), dh(c)], block scales applied."""
         cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
+        if self.collapsed:  # no D² outputs exist: the block-diagonal metric with the same RowSum stands for M
+            m = self.metric_fn(None, layer_idx)(z)  # (..., H, dh, dh)
+            return torch.einsum("ij,...iac->...iajc", torch.eye(H, dtype=m.dtype, device=m.device), m)
         out = self.out(z)
         if cfg.compact_rank:
             U, V = out.unflatten(-1, (2, D, cfg.compact_rank)).unbind(-3)  # (..., D, r) each
@@ -257,7 +288,7 @@ class StructuredMLPForM(nn.Module):
     # ---- analytic costs -------------------------------------------------------------------------------------
     def analytic_params(self) -> int:
         cfg, D, H = self.cfg, self.d_model, self.n_heads
-        widths = (D, *cfg.hidden_dims, self.out.out_features)
+        widths = (D, *cfg.hidden_dims, self.out_dim)
         n = sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
         n += {"mlp": 0, "linear_comb": H**3, "bayesian": 2 * H**3, "separate_B": D * D}[cfg.off_diag_mode]
         if cfg.use_layer_bias:
@@ -275,8 +306,7 @@ class StructuredMLPForM(nn.Module):
     def head_flops(self, batch: int, seq_len: int) -> int:
         """Final layer (fused: D·dh outputs; explicit: D² or 2·D·r) plus compact product and α mixing."""
         cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
-        w = self.out.in_features
-        macs = w * (D * dh if self.fused else self.out.out_features)
+        macs = self.last_width * (D * dh if self.fused else self.out_dim)
         if cfg.compact_rank:
             macs += D * D * cfg.compact_rank
         if cfg.off_diag_mode in ("linear_comb", "bayesian"):
@@ -289,6 +319,55 @@ class StructuredMLPForM(nn.Module):
             return 0  # each layer calls the generator itself; the layers count it
         head = 0 if self.causal else self.head_flops(batch, seq_len)
         return self.trunk_flops(batch, seq_len) + head
+
+
+def fold_rowsum(W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Sum a D²-row affine layer over block columns j (optionally weighted by S[i, j]) -> H·dh·dh rows."""
+    D = math.isqrt(W.shape[0])
+    H, dh = n_heads, D // n_heads
+    W5 = W.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh, w)
+    b4 = b.unflatten(0, (H, dh, H, dh))  # (H, dh, H, dh)
+    if scales is None:
+        return W5.sum(2).flatten(0, 2), b4.sum(2).flatten()
+    return torch.einsum("iajck,ij->iack", W5, scales).flatten(0, 2), torch.einsum("iajc,ij->iac", b4, scales).flatten()
+
+
+@torch.no_grad()
+def collapse_generator(gen: StructuredMLPForM) -> StructuredMLPForM:
+    """A collapsed copy of a full ``mlp``-mode generator computing the same metrics m_i (issue: RowSum analysis).
+
+    In ``mlp`` mode the loss sees the D² output rows only through their H-fold block-row sums, so every block of a
+    block-row gets the same gradient. The collapsed layer keeps one H·dh·dh-row layer P with W′ = H·P. Under
+    Adam/AdamW each element's update is invariant to a constant gradient scale, so P moves like one block of the
+    full layer and W′ = H·P moves like the sum of its H identical updates. Exact when the collapsed parameters use
+    eps·H (``adam_param_groups``) and no global-norm clipping couples them to other parameters; with the same eps
+    or with clipping it is approximate; under SGD the matching scale would be √H, not H.
+    """
+    from dataclasses import replace
+
+    new = StructuredMLPForM(gen.d_model, gen.n_heads, gen.causal, gen.n_layers,
+                            replace(gen.cfg, collapsed_generator=True))
+    new.trunk.load_state_dict(gen.trunk.state_dict())
+    W, b = fold_rowsum(gen.out.weight, gen.out.bias, gen.n_heads)
+    new.out.weight.copy_(W / gen.n_heads)
+    new.out.bias.copy_(b / gen.n_heads)
+    return new.to(gen.out.weight.dtype)
+
+
+def adam_param_groups(model: nn.Module, eps: float = 1e-8, **group_options) -> list[dict]:
+    """AdamW parameter groups with eps·H for collapsed generator layers, so they track the full model exactly."""
+    scaled, scaled_ids = [], set()
+    for m in model.modules():
+        if isinstance(m, StructuredMLPForM) and m.collapsed:
+            for p in m.out.parameters():
+                if id(p) not in scaled_ids:
+                    scaled_ids.add(id(p))
+                    scaled.append((p, m.n_heads))
+    rest = [p for p in model.parameters() if id(p) not in scaled_ids]
+    groups = [{"params": rest, "eps": eps, **group_options}]
+    for h in sorted({h for _, h in scaled}):
+        groups.append({"params": [p for p, hh in scaled if hh == h], "eps": eps * h, **group_options})
+    return groups
 
 
 @contextlib.contextmanager
