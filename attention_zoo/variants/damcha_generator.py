@@ -210,6 +210,12 @@ class StructuredMLPForM(nn.Module):
     def metric_fn(self, alpha: Tensor | None, layer_idx: int | None):
         """z [..., w] -> per-head metrics m [..., H, dh, dh], with the weight folding done once."""
         H, dh = self.n_heads, self.head_dim
+        if self.collapsed:
+            # W′ = H·P, applied as P(H·z) + H·b: scaling the input is far cheaper than scaling the weight.
+            if not self._unit_scales():
+                raise ValueError("block_scales: a collapsed generator has no blocks to scale; use the full one")
+            P, pb = self.out.weight, self.out.bias
+            return lambda z: F.linear(z * H, P, pb * H).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
         if self.fused:
             W, b = self.folded_output()
             return lambda z: F.linear(z, W, b).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
@@ -218,10 +224,6 @@ class StructuredMLPForM(nn.Module):
     def folded_output(self) -> tuple[Tensor, Tensor]:
         """W′ [(H·dh·dh), w] and b′: the final layer summed over block columns j, block scales folded in."""
         H = self.n_heads
-        if self.collapsed:
-            if not self._unit_scales():
-                raise ValueError("block_scales: a collapsed generator has no blocks to scale; use the full one")
-            return H * self.out.weight, H * self.out.bias  # W′ = H·P: Adam then moves W′ as the full model does
         scales = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
         return fold_rowsum(self.out.weight, self.out.bias, H, scales)
 
