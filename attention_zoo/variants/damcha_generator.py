@@ -143,6 +143,7 @@ class StructuredMLPForM(nn.Module):
             std = 0.1 * (1.0 + 0.2 * torch.arange(n_layers, dtype=torch.float32))[:, None]
             self.bias_s = nn.Parameter(torch.randn(n_layers, r) * std)  # s_l ~ N(0, (0.1·(1+0.2·l))²)
         self.aux_loss: Tensor | None = None
+        self.checkpoint_chunks = True  # False keeps per-chunk metrics in the graph (for inspecting ∂L/∂M)
 
     # ---- structure ----------------------------------------------------------------------------------------
     @property
@@ -269,7 +270,7 @@ class StructuredMLPForM(nn.Module):
             return head_queries(x_c, fn(z_c))  # metrics for `chunk` positions only
 
         # Checkpointing keeps the [B,chunk,H,dh,dh] metrics out of the autograd graph: memory O(B·T·D) + a chunk.
-        remat = torch.is_grad_enabled()
+        remat = torch.is_grad_enabled() and self.checkpoint_chunks
         out = []
         for s in range(0, T, chunk):
             x_c, z_c = xh[:, :, s : s + chunk], ctx.hidden[:, s : s + chunk]
