@@ -12,7 +12,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
 from ..io import atomic_savefig
