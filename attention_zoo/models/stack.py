@@ -97,13 +97,14 @@ class AttentionStack(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None):
-        for m in self.modules():  # aux losses are per forward; clear what an earlier call left
-            if getattr(m, "aux_loss", None) is not None:
-                m.aux_loss = None
         ctx = self.shared.stack_context(x, padding_mask) if self.shared is not None else None
         for layer in self.layers:
             x = layer(x, padding_mask, attn_mask, ctx)
-        aux = [m.aux_loss for m in self.modules() if torch.is_tensor(getattr(m, "aux_loss", None))]
+        aux = []
+        for m in self.modules():  # each module once, so a shared generator's KL counts once
+            if torch.is_tensor(getattr(m, "aux_loss", None)):
+                aux.append(m.aux_loss)
+                m.aux_loss = None  # collected; a graph tensor left on a module would also block deepcopy
         aux_loss = torch.stack(aux).sum() if aux else x.new_zeros(())
         return x, aux_loss
 

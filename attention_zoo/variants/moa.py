@@ -1,0 +1,258 @@
+"""MoA: Mixture of Attention Heads (Zhang et al., "Mixture of Attention Heads: Selecting Attention Heads Per
+Token", arXiv 2210.05144; reference code yikangshen/MoA), in two flavours (variants.md §6).
+
+``paper``: E experts, each a query projection W_q^e and an output projection W_o^e; one key/value projection
+shared by all experts. A zero-initialised router picks the top-k experts per token; the gates are the full
+softmax probabilities of the selected experts (not renormalised). Only the k selected experts are computed:
+tokens are grouped by expert and each expert runs one GEMM on its rows (the reference's ParallelLinear), so
+compute scales with k, not E. Because K and V are shared, the k query "slots" of every token attend in one
+SDPA call with the slots as heads. Switch, z and CV balancing losses are returned in ``self.aux_loss``.
+Design note: at the default k/E = 1/2 a dense compute-all-E-then-gather path was measured ~20 % faster on
+CPU (B=4, T=512, D=256, H=8, 2 threads), because the per-expert GEMMs are skinny (d_h wide) and the
+dispatch gathers/scatters N·k rows; it doubles the projection FLOPs, though, and stops scaling with k, so
+the sparse path is the one implemented.
+
+``damcha_repo``: the DAMCHA authors' ``MoAAttention`` -- E experts with their own W_q, W_k, W_v, all
+computed densely; a biased router picks top-k, the gates are a softmax over the k selected logits; the gated
+outputs are concatenated by rank slot into one shared output projection. No auxiliary loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from ..registry import register_attention
+from .base import AttentionBase, Masks, check_positive_int
+
+_NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
+_CV_EPS = 1e-10  # reference cv_squared
+
+
+class _ExpertLinear(torch.autograd.Function):
+    """Grouped per-expert matmul over (token, slot) pairs: ``out[p] = inp[p // k_in] @ w[e(p)]``.
+
+    ``pos`` lists every pair index p = t·k + j (token t, rank slot j) once, grouped by expert (``counts``
+    pairs per expert). ``k_in = k`` reads token-layout input [N, n_in] (each token feeds its k slots);
+    ``k_in = 1`` reads slot-layout input [N·k, n_in]. ``k_out = 1`` returns slot layout [N·k, n_out];
+    ``k_out = k`` sums the k slots of each token, giving [N, n_out]. One gather puts the rows in expert order,
+    one GEMM per expert works on a contiguous slice, one scatter puts the results back (the reference's
+    ParallelLinear). A Function, so the backward does not record 3E gather/scatter nodes and nothing stays on
+    the module between calls (re-entrant, checkpoint-safe). Computes in the dtype of ``inp``, autocast off.
+    """
+
+    @staticmethod
+    def forward(ctx, inp: Tensor, w: Tensor, pos: Tensor, counts: list[int], k_in: int, k_out: int) -> Tensor:
+        with torch.autocast(inp.device.type, enabled=False):
+            rows = _grouped_mm(inp.index_select(0, pos // k_in), w.to(inp.dtype), counts)  # (N*k, n_out)
+        ctx.save_for_backward(inp, w, pos)
+        ctx.counts, ctx.k_in, ctx.k_out = counts, k_in, k_out
+        return _scatter_rows(rows, pos, k_out)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        inp, w, pos = ctx.saved_tensors
+        k_in, counts = ctx.k_in, ctx.counts
+        with torch.autocast(inp.device.type, enabled=False):
+            g = grad.to(inp.dtype).index_select(0, pos // ctx.k_out)  # (N*k, n_out) in expert order
+            w_t = w.to(inp.dtype).transpose(1, 2)  # (E, n_out, n_in)
+            grad_in = _scatter_rows(_grouped_mm(g, w_t, counts), pos, k_in)
+            x = inp.index_select(0, pos // k_in)  # (N*k, n_in) re-gathered instead of kept from the forward
+            grad_w = torch.empty_like(w, dtype=inp.dtype)
+            start = 0
+            for e, n in enumerate(counts):  # an expert with no rows gets a zero gradient (empty inner dim)
+                torch.mm(x[start : start + n].T, g[start : start + n], out=grad_w[e])
+                start += n
+        return grad_in, grad_w.to(w.dtype), None, None, None, None
+
+
+def _grouped_mm(rows: Tensor, w: Tensor, counts: list[int]) -> Tensor:
+    """rows [M, n_in] grouped by expert (``counts`` each) -> rows[slice_e] @ w[e], [M, n_out]."""
+    out = rows.new_empty(rows.shape[0], w.shape[-1])
+    start = 0
+    for e, n in enumerate(counts):
+        torch.mm(rows[start : start + n], w[e], out=out[start : start + n])
+        start += n
+    return out
+
+
+def _scatter_rows(rows: Tensor, pos: Tensor, k: int) -> Tensor:
+    """Rows in expert order back to slot layout (k = 1; ``pos`` is a permutation) or summed per token."""
+    if k == 1:
+        return torch.empty_like(rows).index_copy_(0, pos, rows)  # (N*k, n)
+    return rows.new_zeros(rows.shape[0] // k, rows.shape[1]).index_add_(0, pos // k, rows)  # (N, n)
+
+
+def _check_weight(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
+        raise ValueError(f"{name}: expected a finite float >= 0, got {value!r}")
+    return float(value)
+
+
+@register_attention("moa")
+class MixtureOfAttentionHeads(AttentionBase):
+    """Mixture of Attention Heads (MoA, arXiv 2210.05144): per-token top-k routing over attention experts.
+
+    Options: ``n_experts`` E (default 2H), ``top_k`` k (default H), head width d_h = D/H. ``paper`` only:
+    ``switch_weight``, ``z_weight``, ``cv_weight`` (aux-loss weights), ``noisy_gating`` (learned Gaussian noise
+    on the router logits in training). After every forward ``aux_loss`` holds the weighted balancing loss
+    (a zero scalar in ``damcha_repo``) and ``last_expert_load`` the number of real tokens routed to each
+    expert ([E], detached). The zero-initialised ``paper`` router gives all experts equal probability at
+    step 0; ties are broken towards the lowest expert index (a stable sort: ``torch.topk`` on CPU breaks them
+    the other way), so every token starts on experts 0..k-1 until the router and the balancing loss learn.
+    A per-head ``attn_mask`` [B,H,T,S] must be identical across heads: experts are not heads.
+
+    Raises:
+        ValueError: ``n_experts``/``top_k`` not positive ints, ``top_k > n_experts``; a negative or non-finite
+            aux-loss weight; ``noisy_gating`` not a bool or set with ``flavor="damcha_repo"``; a per-head
+            ``attn_mask`` whose heads differ; and everything ``AttentionBase`` rejects.
+    """
+
+    fused_kernel = True
+    data_dependent_compute = True
+    has_aux_loss = True
+    flavors = ("paper", "damcha_repo")
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        causal: bool = False,
+        dropout: float = 0.0,
+        *,
+        flavor: str = "paper",
+        n_experts: int | None = None,
+        top_k: int | None = None,
+        switch_weight: float = 0.01,
+        z_weight: float = 0.001,
+        cv_weight: float = 0.0,
+        noisy_gating: bool = False,
+        max_seq_len: int | None = None,
+    ):
+        super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
+        self.n_experts = check_positive_int("n_experts", 2 * n_heads if n_experts is None else n_experts)
+        self.top_k = check_positive_int("top_k", n_heads if top_k is None else top_k)
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k: expected at most n_experts={self.n_experts}, got {self.top_k}")
+        self.switch_weight = _check_weight("switch_weight", switch_weight)
+        self.z_weight = _check_weight("z_weight", z_weight)
+        self.cv_weight = _check_weight("cv_weight", cv_weight)
+        if not isinstance(noisy_gating, bool):
+            raise ValueError(f"noisy_gating: expected a bool, got {noisy_gating!r}")
+        if noisy_gating and flavor == "damcha_repo":
+            raise ValueError("noisy_gating: only the 'paper' flavour has noisy gating")
+        self.noisy_gating = noisy_gating
+        self.last_expert_load: Tensor | None = None
+        D, E, k, dh = d_model, self.n_experts, self.top_k, self.head_dim
+        if flavor == "paper":
+            self.router = nn.Linear(D, E, bias=False)
+            nn.init.zeros_(self.router.weight)
+            self.noise = nn.Linear(D, E, bias=False) if noisy_gating else None
+            if self.noise is not None:
+                nn.init.zeros_(self.noise.weight)
+            self.w_q = nn.Parameter(torch.empty(E, D, dh))  # per-expert query projections
+            self.w_o = nn.Parameter(torch.empty(E, dh, D))  # per-expert output projections
+            for w in (self.w_q, self.w_o):  # xavier per expert matrix (reference ParallelExperts)
+                nn.init.uniform_(w, -math.sqrt(6 / (D + dh)), math.sqrt(6 / (D + dh)))
+            self.kv = nn.Linear(D, 2 * dh, bias=False)  # rows: [W_k; W_v], shared by all experts
+            for w in self.kv.weight.split(dh):
+                nn.init.xavier_uniform_(w, gain=2**-0.5)
+        else:
+            self.router = nn.Linear(D, E)
+            self.w_q, self.w_k, self.w_v = (nn.Parameter(torch.empty(E, D, dh)) for _ in range(3))
+            for w in (self.w_q, self.w_k, self.w_v):  # the repo's xavier on the (E*D, d_h) view
+                nn.init.xavier_uniform_(w.view(E * D, dh))
+            self.out_proj = nn.Linear(k * dh, D)
+
+    def check_inputs(self, x, padding_mask, attn_mask):
+        padding_mask, attn_mask = super().check_inputs(x, padding_mask, attn_mask)
+        if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] > 1:
+            if not bool((attn_mask == attn_mask[:, :1]).all()):
+                raise ValueError("attn_mask: MoA has no fixed heads; a [B,H,T,S] mask must be the same for every head")
+            attn_mask = attn_mask[:, :1]  # (B, 1, T, S)
+        return padding_mask, attn_mask
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        real = None if masks.padding is None else masks.padding.reshape(-1)  # (B*T,) True = real token
+        return self._paper(x, masks, real) if self.flavor == "paper" else self._damcha_repo(x, masks, real)
+
+    # ---- paper -------------------------------------------------------------------------------------------
+    def _paper(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+        B, T, D = x.shape
+        N, E, k, dh = B * T, self.n_experts, self.top_k, self.head_dim
+        xf = x.reshape(N, D)
+        logits = self.router(xf)  # (N, E)
+        if self.noise is not None and self.training:
+            logits = logits + torch.randn_like(logits) * (F.softplus(self.noise(xf)) + _NOISE_EPS)
+        probs = torch.softmax(logits, dim=-1)
+        if real is not None:
+            probs = probs * real[:, None]  # padded tokens route nowhere and join no statistic
+        gates, idx = _top_k(probs, k)  # (N, k): full-softmax probabilities, not renormalised
+        self.aux_loss = self._balance_loss(logits, probs, gates, idx, real)
+
+        pos = torch.argsort(idx.reshape(-1), stable=True)  # (N*k,) pair indices t*k+j grouped by expert
+        counts = torch.bincount(idx.reshape(-1), minlength=E).tolist()
+        q = _ExpertLinear.apply(xf, self.w_q, pos, counts, k, 1)  # (N*k, dh) slot layout
+        q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
+        kv = self.kv(x).view(B, 1, T, 2, dh).expand(B, k, T, 2, dh)  # shared K/V broadcast over slots
+        o = self.sdpa(q, kv[..., 0, :], kv[..., 1, :], masks)  # (B, k, T, dh)
+        o = o.transpose(1, 2) * gates.view(B, T, k, 1)  # (B, T, k, dh)
+        y = _ExpertLinear.apply(o.reshape(N * k, dh), self.w_o, pos, counts, 1, k)  # (N, D), slots summed
+        return y.view(B, T, D)
+
+    def _balance_loss(self, logits: Tensor, probs: Tensor, gates: Tensor, idx: Tensor, real: Tensor | None):
+        """switch·L_switch + z·L_z + cv·L_cv over real tokens; also records the per-expert load."""
+        E = self.n_experts
+        routed = torch.zeros_like(probs).scatter(1, idx, 1.0)  # (N, E) one-hot of the selected experts
+        lse_sq = torch.logsumexp(logits, dim=-1).square()  # (N,)
+        if real is not None:
+            routed, lse_sq = routed * real[:, None], lse_sq * real
+        load = routed.sum(0)  # (E,) real tokens routed to each expert
+        self.last_expert_load = load.detach().long()
+        n_real = float(routed.shape[0]) if real is None else real.sum().clamp_min(1)
+        switch = E * (F.normalize(probs.sum(0), p=1, dim=0) * F.normalize(load, p=1, dim=0)).sum()
+        z = lse_sq.sum() / n_real
+        summed = F.normalize(torch.zeros_like(probs).scatter(1, idx, gates).sum(0), p=1, dim=0)  # (E,)
+        cv = summed.var() / (summed.mean().square() + _CV_EPS) if E > 1 else summed.new_zeros(())
+        return self.switch_weight * switch + self.z_weight * z + self.cv_weight * cv
+
+    # ---- damcha_repo ---------------------------------------------------------------------------------------
+    def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+        B, T, D = x.shape
+        E, k, dh = self.n_experts, self.top_k, self.head_dim
+        top, idx = _top_k(self.router(x), k)  # (B, T, k) logits in rank order
+        gates = torch.softmax(top, dim=-1)  # renormalised over the k selected
+        w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
+        q, k_, v = (x @ w).view(B, T, 3, E, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, E, T, dh)
+        out = self.sdpa(q, k_, v, masks).transpose(1, 2)  # (B, T, E, dh): every expert, dense
+        out = out.gather(2, idx[..., None].expand(B, T, k, dh)) * gates[..., None]  # (B, T, k, dh) by rank
+        routed = torch.zeros(B * T, E, device=x.device).scatter(1, idx.reshape(-1, k), 1.0)  # (B*T, E)
+        self.last_expert_load = (routed if real is None else routed * real[:, None]).sum(0).long()
+        self.aux_loss = x.new_zeros(())
+        return self.out_proj(out.reshape(B, T, k * dh))
+
+    # ---- costs ---------------------------------------------------------------------------------------------
+    def analytic_params(self) -> int:
+        D, E, k, dh = self.d_model, self.n_experts, self.top_k, self.head_dim
+        if self.flavor == "paper":
+            return 2 * E * D * dh + 2 * D * dh + D * E * (2 if self.noisy_gating else 1)
+        return 3 * E * D * dh + k * dh * D + D + D * E + E
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        """Forward FLOPs with k active experts per token (``paper``: noise router counted, as in training)."""
+        D, E, k, dh, T = self.d_model, self.n_experts, self.top_k, self.head_dim, seq_len
+        if self.flavor == "paper":
+            router = 2 * D * E * (2 if self.noisy_gating else 1)
+            return batch * (T * (router + 4 * k * D * dh + 4 * D * dh) + 4 * k * dh * T * T)
+        return batch * (6 * T * E * D * dh + 4 * E * T * T * dh + 2 * T * D * E + 2 * T * k * dh * D)
+
+
+def _top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k values and indices along the last axis, ties broken towards the lower index (stable sort)."""
+    values, idx = scores.sort(dim=-1, descending=True, stable=True)
+    return values[..., :k], idx[..., :k]
