@@ -21,7 +21,9 @@ Compute (``paper``): the mixed queries Q̃ ⊙ m_i [B,H,T,D̃] meet the shared k
 harness softmax path applies the masks. The per-head queries cost H× the memory of Q (variants.md §4.4).
 F.scaled_dot_product_attention with the content bias as a float mask gives the same values but is slower on
 CPU: its fused CPU kernel needs equal q/v head dims (D̃ ≠ d_h here), so it falls back to the math path, which
-copies K̃ per head and builds a [B,H,T,S] float mask on top of the logits.
+copies K̃ per head and builds a [B,H,T,S] float mask on top of the logits (B=4, T=512, D=256, H=8, 2 threads,
+fwd+bwd: 1.55–1.62 s vs 1.33 s explicit, on a loaded machine). Folding the content bias into the GEMM (H extra
+one-hot columns) saved only 2–3 % and was not kept.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class CollaborativeAttention(AttentionBase):
             self.combine_k = nn.Parameter(torch.eye(H) + 0.01 * torch.randn(H, H))
         else:
             self.shared_dim = D if shared_dim is None else check_positive_int("shared_dim", shared_dim)
-            self.mixing_init = check_choice("mixing_init", "uniform" if mixing_init is None else mixing_init,
-                                            ("uniform", "concatenate"))
+            self.mixing_init = check_choice(
+                "mixing_init", "uniform" if mixing_init is None else mixing_init, ("uniform", "concatenate")
+            )
             if content_bias is not None and not isinstance(content_bias, bool):
                 raise ValueError(f"content_bias: expected a bool, got {content_bias!r}")
             Dt = self.shared_dim
