@@ -9,6 +9,7 @@ key ("dead" rows) get zero logits before the softmax and zero output after it, s
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,11 @@ class Masks:
         return Masks(pick(self.keep), pick(self.bias), pick(self.dead), self.padding, self.causal, self.causal_only)
 
 
+@functools.lru_cache(maxsize=16)
+def _causal_keep(seq_len: int, device: torch.device) -> Tensor:
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
+
+
 def resolve_masks(
     batch: int,
     seq_len: int,
@@ -89,7 +95,7 @@ def resolve_masks(
         return b if a is None else a & b
 
     if causal:
-        keep = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # [1,1,T,S]
+        keep = _causal_keep(seq_len, device)  # [1,1,T,S]
     if extra_keep is not None:
         keep = conj(keep, extra_keep)
     padded = padding_mask is not None and not bool(padding_mask.all())
