@@ -19,7 +19,7 @@ def wide_table(df: pd.DataFrame, index: list[str], columns: list[str], value: st
         return pd.DataFrame()
     wide = df.pivot_table(index=index, columns=columns, values=value, aggfunc="mean", dropna=False)
     if isinstance(wide.columns, pd.MultiIndex):
-        wide.columns = [" | ".join(str(c) for c in col) for col in wide.columns]
+        wide.columns = [" / ".join(str(c) for c in col) for col in wide.columns]
     return wide.reset_index()
 
 
@@ -141,6 +141,23 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, titl
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
     ax.legend(fontsize=7, ncol=2)
+    out = atomic_savefig(fig, path, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def barh_plot(df: pd.DataFrame, y: str, x: str, hue: str, path: str | Path, title: str, xlabel: str,
+              log: bool = False) -> Path:
+    """Horizontal bars (one row per category of ``y``): readable with many long labels such as variant/flavour."""
+    plt, sns = _plt()
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.35 * df[y].nunique() * max(1, df[hue].nunique()) ** 0.5))
+    sns.barplot(data=df, x=x, y=y, hue=hue, ax=ax, errorbar=None, orient="h")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("")
+    if log:
+        ax.set_xscale("log")
+    ax.legend(fontsize=7)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out

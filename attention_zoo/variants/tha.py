@@ -10,9 +10,12 @@ from .base import AttentionBase, Masks, check_choice
 
 
 def mix_heads(weight: Tensor, a: Tensor) -> Tensor:
-    """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view."""
+    """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view.
+
+    An explicit bmm: ``weight @ a`` would fold the batch into a [B*T*S, H] GEMM with two transposed copies.
+    """
     B, H, T, S = a.shape
-    return (weight @ a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
+    return torch.bmm(weight.expand(B, H, H), a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
 
 
 def softmax_fp32(scores: Tensor) -> Tensor:
@@ -21,31 +24,16 @@ def softmax_fp32(scores: Tensor) -> Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.float32 if low else None).to(scores.dtype)
 
 
-def mask_logits_(scores: Tensor, masks: Masks) -> Tensor:
-    """In-place ``masks.apply(scores, finfo.min)`` on a fresh non-leaf tensor (saves two [B,H,T,S] copies).
+def rezero(weights: Tensor, masks: Masks) -> Tensor:
+    """Re-zero invisible keys and dead rows after a post-softmax head mix.
 
-    Invisible keys get the most negative *finite* value, never -inf, so nothing non-finite is produced even
-    for fully masked rows (which get zero logits, then zero weights after the softmax).
-    """
-    if masks.bias is not None:
-        scores += masks.bias
-    if masks.keep is not None:
-        scores.masked_fill_(~masks.keep, torch.finfo(scores.dtype).min)
-    if masks.dead is not None:
-        scores.masked_fill_(masks.dead, 0.0)
-    return scores
-
-
-def zero_invisible_(weights: Tensor, masks: Masks) -> Tensor:
-    """In-place re-zeroing of invisible keys and dead rows after a post-softmax head mix.
-
-    A head-shared mask leaves exactly 0 at invisible keys of every head (exp(finfo.min - max) == 0), and a
+    A head-shared mask leaves exactly 0 at invisible keys of every head (exp(finfo.min - max) == 0) and a
     linear head mix keeps them 0, so only per-head masks and dead rows (uniform weights) need the fill.
     """
     if masks.keep is not None and masks.keep.shape[1] != 1:
-        weights.masked_fill_(~masks.keep, 0.0)
+        weights = weights.masked_fill(~masks.keep, 0.0)
     if masks.dead is not None:
-        weights.masked_fill_(masks.dead, 0.0)
+        weights = weights.masked_fill(masks.dead, 0.0)
     return weights
 
 
@@ -108,8 +96,9 @@ class TalkingHeadsAttention(AttentionBase):
         q, k, v = qkv.unbind(0)
         # the 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S]
         logits = mix_heads(self.pre_proj.weight * self.head_dim**-0.5, q @ k.transpose(-2, -1))  # (B, H, T, S)
-        weights = softmax_fp32(mask_logits_(logits, masks))  # (B, H, T, S)
-        weights = zero_invisible_(mix_heads(self.post_proj.weight, weights), masks)  # (B, H, T, S)
+        # invisible keys get the most negative finite value, applied after the pre-mix: never -inf in a mix
+        weights = softmax_fp32(masks.apply(logits, torch.finfo(logits.dtype).min))  # (B, H, T, S)
+        weights = rezero(mix_heads(self.post_proj.weight, weights), masks)  # (B, H, T, S)
         out = self.attn_drop(weights) @ v  # (B, H, T, dh)
         return self.out_proj(self.merge_heads(out))
 

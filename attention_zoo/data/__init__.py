@@ -1,0 +1,1 @@
+"""Data: synthetic tasks, text corpora and image sets; real loaders plus embedded offline defaults."""

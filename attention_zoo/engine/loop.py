@@ -1,0 +1,318 @@
+"""One training loop for every model in the project.
+
+A *batch* is a tuple ``(inputs..., targets)``: the model is called as ``model(*batch[:-1])`` and returns a
+``ModelOutput(logits, aux_loss)`` (or anything with ``.logits``; ``aux_loss`` optional). The training loss is
+``loss_fn(batch, output) + aux_loss`` — the loop never needs to know which attention produced the auxiliary term —
+and evaluation reports ``loss_fn`` alone. Data come from a *position-addressable* sampler ``train_batches(step) ->
+global batch``: the data position is the step, so a resumed run sees exactly the batches an uninterrupted one would.
+Under DDP every rank builds the same global batch and takes its own contiguous slice of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.auto import tqdm
+
+from ..envinfo import set_seed
+from ..io import append_jsonl
+from .checkpoint import CheckpointManager, rng_state, set_rng_state, strip_prefixes
+from .config import TrainConfig
+from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
+
+IGNORE_INDEX = -100
+Batch = tuple[Tensor, ...]
+
+
+@dataclass
+class TrainResult:
+    status: str  # "ok" | "nan" | "interrupted"
+    step: int  # optimizer steps completed
+    tokens_seen: int  # targets consumed over the whole run (resumes included)
+    train_time_s: float  # wall time inside training steps (evaluation and checkpointing excluded)
+    evals: dict[str, float]  # the last evaluation: eval-set name -> mean loss
+    best_eval: float | None  # lowest mean-over-eval-sets loss seen
+    checkpoint: Path | None  # the last checkpoint written (the debug checkpoint on NaN)
+    log_path: Path
+    signal: int | None = None  # the signal that stopped the run, if any
+    sync_diff: float | None = None  # DDP: max parameter-checksum difference between ranks at the end
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_seen / self.train_time_s if self.train_time_s > 0 else float("nan")
+
+
+def lm_loss(batch: Batch, output) -> Tensor:
+    """Mean next-token cross-entropy in nats over targets that are not ``IGNORE_INDEX`` (in float32 at least)."""
+    logits = output.logits if hasattr(output, "logits") else output
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast logits -> float32
+    return F.cross_entropy(logits.flatten(0, -2), batch[-1].flatten(), ignore_index=IGNORE_INDEX)
+
+
+def batch_weight(batch: Batch) -> int:
+    """What a batch's mean loss averages over: scored tokens for integer targets, else examples."""
+    y = batch[-1]
+    return int((y != IGNORE_INDEX).sum()) if not y.is_floating_point() else y.shape[0]
+
+
+def _aux(output) -> Tensor | None:
+    aux = getattr(output, "aux_loss", None)
+    return aux if torch.is_tensor(aux) else None
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def _autocast(device: torch.device, amp: str):
+    on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Batch], loss_fn: Callable = lm_loss, info: DistInfo | None = None,
+             amp: str = "auto") -> float:
+    """Exact mean of ``loss_fn`` over all batches, weighted by :func:`batch_weight`; ranks share the batches."""
+    info = info or DistInfo(device=next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=info.device)
+    for i, batch in enumerate(batches):
+        if i % info.world_size != info.rank:
+            continue
+        batch = _to(batch, info.device)
+        with _autocast(info.device, amp):
+            out = model(*batch[:-1])
+        w = batch_weight(batch)
+        total += torch.stack([loss_fn(batch, out).double() * w, total.new_tensor(float(w))])
+    all_reduce(total, info)
+    model.train(was_training)
+    if total[1] == 0:
+        raise ValueError("batches: the evaluation set is empty")
+    return float(total[0] / total[1])
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to 1, then cosine decay to ``min_lr_ratio`` at ``max_steps``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+class _StopFlag:
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __call__(self, signum, frame):  # a handler only records; the loop checkpoints at the step boundary
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signal_handlers(enabled: bool):
+    flag = _StopFlag()
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _find_unused(model: nn.Module, batch: Batch, loss_fn: Callable, info: DistInfo, amp: str) -> bool:
+    """DDP needs ``find_unused_parameters`` when some parameter gets no gradient: routing variants declare
+    ``data_dependent_compute``; otherwise one probe forward/backward (RNG state restored) finds them."""
+    if any(getattr(m, "data_dependent_compute", False) for m in model.modules()):
+        return True
+    devices = [info.device] if info.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        with _autocast(info.device, amp):
+            out = model(*batch[:-1])
+            loss = loss_fn(batch, out)
+            aux = _aux(out)
+        (loss + aux if aux is not None else loss).backward()
+    unused = any(p.grad is None for p in model.parameters() if p.requires_grad)
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
+def _accumulate(net: nn.Module, local: Batch, cfg: TrainConfig, dev: torch.device, loss_fn: Callable) -> Tensor:
+    """Forward/backward over ``grad_accum`` micro-batches of this rank's slice (DDP syncs on the last only).
+    Returns float64 [4]: mean loss, mean aux loss, and two flag slots (non-finite, stop) for one all-reduce."""
+    sums = torch.zeros(4, dtype=torch.float64, device=dev)
+    micro = local[-1].shape[0] // cfg.grad_accum
+    for m in range(cfg.grad_accum):
+        mb = _to(tuple(t[m * micro:(m + 1) * micro] for t in local), dev)
+        last = m == cfg.grad_accum - 1
+        with contextlib.nullcontext() if last or not isinstance(net, DDP) else net.no_sync():
+            with _autocast(dev, cfg.amp):
+                out = net(*mb[:-1])
+                loss = loss_fn(mb, out)
+                aux = _aux(out)
+            ((loss + aux if aux is not None else loss) / cfg.grad_accum).backward()
+        sums[0] += loss.detach().double() / cfg.grad_accum
+        if aux is not None:
+            sums[1] += aux.detach().double() / cfg.grad_accum
+    return sums
+
+
+def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Batch], out_dir: str | Path,
+          eval_sets: dict[str, Callable[[int | None], Iterable[Batch]]] | None = None,
+          loss_fn: Callable = lm_loss, resume: str | Path | None = None, info: DistInfo | None = None,
+          meta: dict | None = None, desc: str = "train") -> TrainResult:
+    """Train ``model`` for ``cfg.max_steps`` optimizer steps; rank 0 writes ``metrics.jsonl`` and ``checkpoints/``.
+
+    ``eval_sets`` maps a name to ``fn(limit) -> batches`` (``limit``: at most that many batches, None = all).
+    ``resume``: None (fresh), ``"auto"`` (newest valid checkpoint in ``out_dir``, else fresh) or a path.
+    ``meta`` is stored in the checkpoint (e.g. the model's constructor arguments).
+
+    Raises:
+        FileNotFoundError: ``resume`` names a checkpoint that does not exist.
+        CheckpointError: ``resume`` names a truncated or corrupt checkpoint.
+        ValueError: a global batch that does not split evenly over ranks × ``grad_accum``, or an empty eval set.
+    """
+    info = info or DistInfo()
+    out_dir, dev = Path(out_dir), info.device
+    log_path = out_dir / "metrics.jsonl"
+    eval_sets = eval_sets or {}
+    raw = model.to(dev)
+    opt = make_optimizer(raw, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+    ckpts = CheckpointManager(out_dir / "checkpoints", cfg.keep_last)
+
+    def log(row: dict) -> None:
+        if info.is_main:
+            append_jsonl(log_path, row)
+
+    step, tokens_seen, train_time, best = 0, 0, 0.0, None
+    ckpt_path, state = ckpts.resolve(resume)  # on CPU; load_state_dict copies onto the parameters' device
+    if state is not None:
+        raw.load_state_dict(strip_prefixes(state["model"]))
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step, tokens_seen, train_time, best = (state["step"], state["tokens_seen"], state["train_time_s"],
+                                               state["best_eval"])
+        if hasattr(train_batches, "load_state_dict") and state["data"].get("sampler") is not None:
+            train_batches.load_state_dict(state["data"]["sampler"])
+        rngs = state["rng"]
+        if len(rngs) != info.world_size:
+            warnings.warn(f"resume: checkpoint has RNG states for {len(rngs)} ranks, running {info.world_size}",
+                          RuntimeWarning, stacklevel=2)
+        set_rng_state(rngs[info.rank % len(rngs)])
+        changed = {k: (v, state["config"].get(k)) for k, v in cfg.to_dict().items()
+                   if k not in ("stop_at", "progress", "handle_signals") and state["config"].get(k) != v}
+        if changed:
+            warnings.warn(f"resume: config differs from the checkpoint's (now, then): {changed}", RuntimeWarning,
+                          stacklevel=2)
+        log({"event": "resume", "step": step, "checkpoint": str(ckpt_path)})
+    else:
+        set_seed((cfg.seed + info.rank) % 2**32)
+
+    def snapshot(**extra) -> dict:
+        rngs = all_gather_object(rng_state(), info)  # collective: every rank calls snapshot at the same step
+        data = {"position": step, "sampler": train_batches.state_dict() if hasattr(train_batches, "state_dict")
+                else None}
+        return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "step": step, "tokens_seen": tokens_seen, "train_time_s": train_time, "best_eval": best,
+                "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {}, **extra}
+
+    def run_evals() -> dict[str, float]:
+        nonlocal best
+        res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
+        for name, v in res.items():
+            log({"event": "eval", "step": step, "eval_set": name, "loss": v})
+        mean = sum(res.values()) / len(res)
+        if best is None or mean < best:
+            best = mean
+            state = snapshot()
+            if info.is_main:
+                ckpts.save_best(state)
+        return res
+
+    net = raw
+    evals: dict[str, float] = {}
+    status, stop_signal, last_saved = "ok", None, ckpt_path if state is not None else None
+    with _signal_handlers(cfg.handle_signals) as flag:
+        bar = tqdm(total=cfg.max_steps, initial=step, desc=desc, disable=not (cfg.progress and info.is_main),
+                   dynamic_ncols=True, leave=False)
+        raw.train()
+        while step < cfg.max_steps:
+            t0 = time.perf_counter()
+            batch = train_batches(step)
+            n = batch[-1].shape[0]
+            if n % (info.world_size * cfg.grad_accum):
+                raise ValueError(f"batch_size: a global batch of {n} does not split over {info.world_size} ranks "
+                                 f"x grad_accum={cfg.grad_accum}")
+            per_rank = n // info.world_size
+            local = tuple(t[info.rank * per_rank:(info.rank + 1) * per_rank] for t in batch)
+            if info.distributed and net is raw:
+                fup = cfg.find_unused_parameters
+                if fup is None:
+                    micro = per_rank // cfg.grad_accum
+                    fup = _find_unused(raw, _to(tuple(t[:micro] for t in local), dev), loss_fn, info, cfg.amp)
+                net = DDP(raw, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=fup)
+            opt.zero_grad(set_to_none=True)
+            sums = _accumulate(net, local, cfg, dev, loss_fn)
+            gnorm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            sums[2] = float(not (torch.isfinite(sums[0]) and torch.isfinite(gnorm)))
+            sums[3] = float(flag.signum is not None)
+            all_reduce(sums, info)
+            loss_v, aux_v = float(sums[0]) / info.world_size, float(sums[1]) / info.world_size
+            lr = opt.param_groups[0]["lr"]
+            if sums[2] > 0:  # skip the update: the debug checkpoint holds the weights that produced the NaN
+                status = "nan"
+                log({"event": "status", "status": "nan", "step": step + 1, "lr": lr, "grad_norm": float(gnorm),
+                     "loss": loss_v, "aux_loss": aux_v})
+                state = snapshot(nan={"step": step + 1, "loss": loss_v, "grad_norm": float(gnorm), "lr": lr})
+                last_saved = ckpts.save_debug(state, step + 1) if info.is_main else None
+                break
+            opt.step()
+            sched.step()
+            step += 1
+            tokens_seen += batch_weight(batch)
+            train_time += time.perf_counter() - t0
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                log({"event": "train", "step": step, "loss": loss_v, "aux_loss": aux_v, "lr": lr,
+                     "grad_norm": float(gnorm), "tokens_seen": tokens_seen, "train_time_s": train_time})
+                bar.set_postfix(loss=f"{loss_v:.4f}")
+            if eval_sets and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                evals = run_evals()
+            stopping = sums[3] > 0 or (cfg.stop_at is not None and step >= cfg.stop_at)
+            if stopping or (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.max_steps:
+                state = snapshot()
+                last_saved = ckpts.save(state, step) if info.is_main else None
+            if stopping and step < cfg.max_steps:
+                status, stop_signal = "interrupted", flag.signum
+                break
+        bar.close()
+    if status == "ok" and eval_sets:
+        evals = run_evals()
+    sync = param_sync_diff(raw, info) if info.distributed else None
+    if sync is not None:
+        log({"event": "ddp_sync", "step": step, "max_abs_diff": sync, "world_size": info.world_size})
+    log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
+         "train_time_s": train_time})
+    return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync)

@@ -1,0 +1,390 @@
+"""Table 5 (DAMCHA paper p. 9): character-level GPT-2-scale pretraining on Enwik8, Text8 and their 50/50 Mix.
+
+Rows MHA, DCMHA, DAMCHA (any registered variant on request); cross-entropy ↓; the paper quotes only relative
+figures (experiments.md §4): DAMCHA best everywhere, Mix −5.19 % vs MHA and −3.70 % vs DCMHA, and 1.90–3.70 %
+below DCMHA across datasets. A cell is (dataset, variant, flavour, seed): one training run in its own directory
+(``runs/<cell>/metrics.jsonl`` + ``checkpoints/``) whose final metrics go to the result store; a finished cell is
+skipped on rerun and an interrupted one resumes from its newest valid checkpoint. Under ``torchrun`` every cell
+trains with DDP and rank 0 writes.
+
+Presets:
+- ``paper``: N=12, d=768, h=12 (d_h=64), context 512, dropout 0.1, GPT-2 pre-LN decoder with learned positions
+  and tied embeddings. The paper gives no recipe [U]; ours: AdamW lr 2.5e-4, β=(0.9, 0.95), weight decay 0.1,
+  2,000 warm-up steps then cosine to 0.1·lr, clip 0.25, batch 32×512 tokens, 100k steps (1.64 B tokens), bf16
+  autocast on CUDA. **DAMCHA generator**: ``hidden_dims=(1536, 1536)`` (w = 2d) and ``compact_rank=4``: the
+  "P = output multiplicity" reading of App. D.4 (experiments.md §7: d → w → w → P·d, the only reading under which
+  DAMCHA matches MHA's parameter count at N=12, d=768, w=1536). The generator emits U, V ∈ R^{d×r}, i.e. 2r·d
+  outputs, so P = 2r; P = 9 is not a rank, r = 4 (P = 8) is the nearest: G ≈ 22d² ≈ 13.0 M and DAMCHA's attention
+  parameters are ≈ 0.96× MHA's. A full D² output would cost w·d² ≈ 906 M parameters.
+- ``smoke``: the embedded Shakespeare corpus, N=2, d=64, h=4, context 64, 300 steps of 16×64 tokens; the same
+  generator rule scaled down (``hidden_dims=(128, 128)``, ``compact_rank=4``). Final evaluation on an evenly
+  spread, deterministic subset of the validation/test windows (``--eval-batches 0`` for the whole splits). One
+  CPU thread unless ``--threads`` says otherwise: at this size OpenMP overhead outweighs a second core, and with
+  other work on the machine two threads ran several times slower than one.
+
+Options in a preset's ``attention_options`` go to every variant that accepts them (by option name, never by
+variant name); each row records the options its variant received.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import resource
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .. import report
+from ..data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
+from ..engine import (
+    TrainConfig,
+    TrainResult,
+    batch_weight,
+    cleanup_distributed,
+    evaluate,
+    init_distributed,
+    parse_overrides,
+    train,
+)
+from ..engine.distributed import DistInfo, broadcast_object
+from ..envinfo import environment_record, set_seed
+from ..io import read_jsonl
+from ..measure.params import count_params
+from ..measure.status import free_memory, is_oom, short_message
+from ..models import Decoder
+from ..registry import is_attention, split_options
+from ..results import ResultStore, cell_id
+from .common import base_parser, select_variants, setup_threads, variant_flavours
+
+NAME = "table5_gpt2"
+DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
+REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines
+PAPER_METHOD = "damcha"
+PAPER_REDUCTION = {("mix", "mha"): -5.19, ("mix", "dcmha"): -3.70}  # % change of DAMCHA's loss [Q]
+PAPER_VS_DCMHA_RANGE = "−1.90 … −3.70 % (range over the three datasets)"
+PAPER_DATASETS = ("enwik8", "text8", "mix")
+
+
+@dataclass(frozen=True)
+class Preset:
+    datasets: tuple[str, ...]
+    n_layers: int
+    d_model: int
+    n_heads: int
+    context: int
+    dropout: float
+    train: dict
+    attention_options: dict = field(default_factory=dict)
+    eval_batch_size: int = 32
+    eval_stride: int | None = None  # None: non-overlapping windows (stride = context)
+    final_eval_batches: int | None = None  # None: the whole validation and test splits
+    threads: int | None = None  # CPU threads when --threads is not given (None: torch's default)
+
+
+PRESETS = {
+    "smoke": Preset(("shakespeare",), n_layers=2, d_model=64, n_heads=4, context=64, dropout=0.0,
+                    train=dict(max_steps=300, batch_size=16, lr=2e-3, warmup_steps=30, weight_decay=0.1,
+                               grad_clip=1.0, log_every=10, eval_every=100, eval_max_batches=2, ckpt_every=100),
+                    attention_options={"hidden_dims": (128, 128), "compact_rank": 4}, eval_batch_size=64,
+                    final_eval_batches=8, threads=1),
+    "paper": Preset(PAPER_DATASETS, n_layers=12, d_model=768, n_heads=12, context=512, dropout=0.1,
+                    train=dict(max_steps=100_000, batch_size=32, lr=2.5e-4, warmup_steps=2000, weight_decay=0.1,
+                               grad_clip=0.25, log_every=50, eval_every=2000, eval_max_batches=50, ckpt_every=1000),
+                    attention_options={"hidden_dims": (1536, 1536), "compact_rank": 4}, eval_batch_size=16),
+}
+
+
+def build_parser():
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0])
+    p.set_defaults(variants=None, flavour="damcha_repo")
+    p.add_argument("--datasets", default=None,
+                   help=f"comma-separated subset of {', '.join(DATASETS)} (default: the preset's datasets)")
+    p.add_argument("--data-dir", default=None,
+                   help="where enwik8/text8 are (or get downloaded); default $ATTENTION_ZOO_DATA or "
+                        "~/.cache/attention_zoo/data")
+    p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
+    p.add_argument("--max-steps", type=int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--eval-batches", type=int, default=None,
+                   help="final evaluation: batches per split, evenly spread (0 = the whole splits; default: preset)")
+    p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="TrainConfig overrides, e.g. --train lr=1e-3 grad_accum=2 amp=off")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
+    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered) in the damcha_repo flavour where a baseline "
+                "has one (the flavour the paper ran). The smoke preset uses 1 CPU thread unless --threads is given. "
+                "Multi-GPU: torchrun --nproc_per_node=N reproduce/table5_gpt2.py")
+    return p
+
+
+def _variants(spec: str | None) -> list[str]:
+    if spec is None:
+        return [v for v in DEFAULT_VARIANTS if is_attention(v)]
+    return select_variants(spec)
+
+
+def _reset_peak(device: torch.device) -> bool:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:  # Linux >= 4.0: reset VmHWM to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_mib(field_name: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak(device: torch.device, reset_ok: bool) -> tuple[str, float]:
+    if device.type == "cuda":
+        return "peak_alloc_mib", torch.cuda.max_memory_allocated(device) / 2**20
+    if reset_ok:
+        return "peak_rss_mib", _status_mib("VmHWM")
+    return "peak_rss_mib_since_start", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_dir_of(out: Path, cell: dict) -> Path:
+    tag = hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8]
+    return Path(out) / "runs" / f"{cell['dataset']}-{cell['variant']}-{cell['flavor']}-s{cell['seed']}-{tag}"
+
+
+def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInfo, run_dir: Path,
+             final_eval_batches: int | None) -> tuple[list[dict], TrainResult]:
+    """Train one cell (resuming if its directory has a checkpoint) and evaluate it; returns (rows, result)."""
+    variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
+    opts, _ = split_options(variant, {**preset.attention_options, "flavor": flavor})
+    set_seed(seed)
+    model = Decoder(corpus.vocab_size, preset.d_model, preset.n_layers, preset.n_heads, attention=variant,
+                    attention_options=opts, max_seq_len=preset.context, dropout=preset.dropout)
+    params = count_params(model)
+    sampler = WindowSampler(corpus.train, preset.context, cfg.batch_size, seed=seed)
+    evaluators = {split: {name: WindowEvaluator(arr, preset.context, preset.eval_batch_size, preset.eval_stride)
+                          for name, arr in getattr(corpus, split).items()} for split in ("val", "test")}
+    reset_ok = _reset_peak(info.device)
+    base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
+    res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets=evaluators["val"], resume="auto",
+                info=info, meta={"cell": cell, "attention_options": opts},
+                desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}")
+    common = {"attention_options": json.dumps(opts, default=str), "context": preset.context,
+              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
+    if res.status == "interrupted":
+        return [], res
+    mem_metric, mem = _peak(info.device, reset_ok)
+    rows = [{"metric": "tokens_per_s", "value": res.tokens_per_s, "unit": "tok/s"},
+            {"metric": "train_time_s", "value": res.train_time_s, "unit": "s"},
+            {"metric": "tokens_seen", "value": res.tokens_seen, "unit": "tokens"},
+            {"metric": mem_metric, "value": mem, "unit": "MiB"},
+            {"metric": "params", "value": params["total_params"], "unit": "params"},
+            {"metric": "params_no_emb", "value": model.num_params(exclude_embeddings=True), "unit": "params"},
+            {"metric": "attention_params", "value": params["attention_params"], "unit": "params"}]
+    if base_rss is not None:
+        rows.append({"metric": "baseline_rss_mib", "value": base_rss, "unit": "MiB"})
+    if res.status == "nan":
+        common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
+        rows.append({"metric": "test_loss", "value": float("nan"), "unit": "nats", "eval_set": cell["dataset"]})
+        return [{**common, **r} for r in rows], res
+    for split, sets in evaluators.items():
+        losses = {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp) for name, ev in sets.items()}
+        if len(losses) > 1:  # mix: the 50/50 mixture's figure is the mean of its parts
+            losses[cell["dataset"]] = sum(losses.values()) / len(losses)
+        for name, loss in losses.items():
+            ev = sets.get(name)
+            scored = sum(batch_weight(b) for b in ev(final_eval_batches)) if ev else None
+            where = {"eval_set": name, "eval_targets": scored, "split_targets": ev.n_targets if ev else None,
+                     "stride": ev.stride if ev else None}
+            rows += [{"metric": f"{split}_loss", "value": loss, "unit": "nats", **where},
+                     {"metric": f"{split}_bpc", "value": bpc(loss), "unit": "bits/char", **where}]
+    return [{**common, **r} for r in rows], res
+
+
+def _label(df: pd.DataFrame) -> pd.Series:
+    return df["variant"] + "/" + df["flavor"]
+
+
+def reductions(df: pd.DataFrame) -> pd.DataFrame:
+    """Test-loss change (%) of every variant vs each reference (mha, dcmha in each flavour run), seeds averaged."""
+    ok = df[(df["metric"] == "test_loss") & (df["eval_set"] == df["dataset"]) & (df["status"] == "ok")]
+    if ok.empty:
+        return pd.DataFrame()
+    loss = ok.assign(label=_label(ok)).groupby(["dataset", "variant", "label"], as_index=False)["value"].mean()
+    out = []
+    for ds, g in loss.groupby("dataset"):
+        for _, ref in g[g["variant"].isin(REFERENCES)].iterrows():
+            for _, r in g[g["label"] != ref["label"]].iterrows():
+                change = 100 * (r["value"] - ref["value"]) / ref["value"]
+                out.append({"dataset": ds, "variant": r["label"], "reference": ref["label"],
+                            "ref_variant": ref["variant"], "change_pct": change})
+    return pd.DataFrame(out)
+
+
+def paper_comparison(red: pd.DataFrame) -> pd.DataFrame:
+    """paper | ours | delta for DAMCHA's relative test-loss change; smoke runs are set beside the Mix figures."""
+    if red.empty:
+        return pd.DataFrame()
+    entries = []
+    for _, r in red[red["variant"].str.startswith(PAPER_METHOD + "/")].iterrows():
+        paper_ds = r["dataset"] if r["dataset"] in PAPER_DATASETS else "mix"
+        paper = PAPER_REDUCTION.get((paper_ds, r["ref_variant"]), math.nan)
+        note = "" if paper_ds == r["dataset"] else f"paper figure is {paper_ds} at GPT-2 scale"
+        if math.isnan(paper) and r["ref_variant"] == "dcmha":
+            note = f"paper: {PAPER_VS_DCMHA_RANGE}"
+        entries.append({"what": f"{r['dataset']}: {r['variant']} vs {r['reference']} (test loss %)",
+                        "paper": paper, "ours": r["change_pct"], "note": note})
+    return report.comparison_frame(entries)
+
+
+def _curves(out: Path, store: ResultStore) -> list[Path]:
+    frames = []
+    for rec in store.records():
+        rows = read_jsonl(run_dir_of(out, rec["cell"]) / "metrics.jsonl")
+        label = f"{rec['cell']['variant']}/{rec['cell']['flavor']}/s{rec['cell']['seed']}"
+        for r in rows:
+            if r.get("event") in ("train", "eval"):
+                frames.append({"dataset": rec["cell"]["dataset"], "variant": label, "event": r["event"],
+                               "step": r["step"], "bpc": bpc(r["loss"]), "set": r.get("eval_set", "train")})
+    if not frames:
+        return []
+    df = pd.DataFrame(frames).drop_duplicates(["dataset", "variant", "event", "set", "step"], keep="last")
+    paths = []
+    for (ds, event), g in df.groupby(["dataset", "event"]):
+        what = "training loss" if event == "train" else "validation loss (periodic subset)"
+        g = g.assign(variant=g["variant"] + ("" if event == "train" else "/" + g["set"]))
+        paths.append(report.line_plot(g, "step", "bpc", "variant", out / f"{NAME}_curve_{ds}_{event}.png",
+                                      f"Table 5 {ds}: {what}", "bits per character", errorbar=None))
+    return paths
+
+
+def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> pd.DataFrame:
+    df = store.frame()
+    if df.empty:
+        return pd.DataFrame()
+    df["eval_set"] = df["eval_set"].fillna(df["dataset"]) if "eval_set" in df else df["dataset"]
+    head = df[df["eval_set"] == df["dataset"]]
+    quality = head[head["metric"].isin(["val_loss", "val_bpc", "test_loss", "test_bpc"])]
+    wide = _wide(quality)
+    eff = head[head["metric"].str.startswith(("tokens_per_s", "peak_", "params", "attention_params"))]
+    red = reductions(df)
+    comp = paper_comparison(red)
+    notes = [f"Preset `{preset_name}`. Test/validation cross-entropy in nats and bpc = nats/ln 2 (bits per byte on "
+             "enwik8); final weights; Mix = mean of its enwik8 and text8 parts. Tokens/s = training targets / wall "
+             "time inside training steps (evaluation excluded). Memory: CUDA `max_memory_allocated` "
+             "(`peak_alloc_mib`) or, on CPU, the process's VmHWM after a clear_refs reset at the start of the cell "
+             "(`peak_rss_mib`, includes interpreter, torch and corpus; not comparable with CUDA numbers). Baselines "
+             "run in the flavour shown. See attention_zoo/experiments/table5_gpt2.py for presets and the DAMCHA "
+             "generator configuration."]
+    if "eval_targets" in head:
+        cover = (head.dropna(subset=["eval_targets"]).groupby(["dataset", "context", "stride"])
+                 [["eval_targets", "split_targets"]].first())
+        notes += ["Final evaluation (deterministic windows): " + "; ".join(
+            f"{ds}: context {int(c)}, stride {int(s)}, {int(r.eval_targets):,} of {int(r.split_targets):,} targets "
+            "per split scored" for (ds, c, s), r in cover.iterrows())]
+    if not eff.empty:
+        notes += ["## Efficiency and size", "",
+                  report.markdown_table(_wide(eff), floatfmt=".1f")]
+    if not red.empty:
+        notes += ["## Test-loss change vs references (%, negative = better)", "",
+                  report.markdown_table(red.pivot_table(index="variant", columns=["dataset", "reference"],
+                                                        values="change_pct").pipe(_flat).reset_index(),
+                                        floatfmt=".2f")]
+    bad = df[df["status"] != "ok"]
+    if not bad.empty:
+        notes += ["Non-ok cells: " + "; ".join(f"{r.dataset}/{r.variant}/{r.flavor}: {r.status} {r.message}"
+                                               for r in bad.drop_duplicates(["dataset", "variant", "flavor"])
+                                               .itertuples())]
+    notes += ["## Validation and test loss (nats) and bpc"]
+    report.write_tables(out, NAME, df, wide, env, "Table 5: character-level GPT-2 pretraining", "\n\n".join(notes),
+                        best={c: "min" for c in wide.columns if c.endswith(("loss", "bpc"))}, comparison=comp)
+    _curves(out, store)
+    return comp
+
+
+def _wide(df: pd.DataFrame) -> pd.DataFrame:
+    wide = report.wide_table(df, ["variant", "flavor"], ["dataset", "metric"])
+    wide.columns = [c.replace(" | ", ": ") for c in wide.columns]  # a "|" inside a header breaks markdown tables
+    values = [c for c in wide.columns if c not in ("variant", "flavor")]
+    return wide.dropna(how="all", subset=values).reset_index(drop=True)  # pivot lists every variant × flavour
+
+
+def _flat(wide: pd.DataFrame) -> pd.DataFrame:
+    wide.columns = [f"{ds} vs {ref}" for ds, ref in wide.columns]
+    return wide
+
+
+def run(args) -> int:
+    """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
+    setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
+    info = init_distributed(args.device)
+    try:
+        return _run(args, info)
+    finally:
+        cleanup_distributed()
+
+
+def _run(args, info: DistInfo) -> int:
+    preset = PRESETS[args.preset]
+    datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else list(preset.datasets)
+    for d in datasets:
+        if d not in DATASETS:
+            raise ValueError(f"datasets: {d!r} is not one of {', '.join(DATASETS)}")
+    overrides = {**preset.train, **parse_overrides(args.train), "progress": not args.quiet}
+    if args.max_steps is not None:
+        overrides["max_steps"] = args.max_steps
+    cfg = TrainConfig.from_dict(overrides)
+    final_batches = preset.final_eval_batches if args.eval_batches is None else (args.eval_batches or None)
+    pairs = variant_flavours(_variants(args.variants), args.flavour)
+    out = Path(args.out)
+    store = ResultStore(out, NAME) if info.is_main else None
+    env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
+    exit_code = 0
+    for ds in datasets:
+        corpus = None
+        for (variant, flavor) in pairs:
+            for seed in args.seeds:
+                key = {"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
+                       "seed": seed, "max_steps": cfg.max_steps, "eval_batches": final_batches}
+                done = broadcast_object(store.is_done(key) if store else None, info)
+                if done:
+                    continue
+                corpus = corpus or load_char_corpus(ds, args.data_dir, args.download)
+                run_dir = run_dir_of(out, key)
+                try:
+                    rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches)
+                    status = res.status
+                except Exception as exc:  # noqa: BLE001 - an OOM is a result; anything else propagates
+                    if not is_oom(exc) or info.distributed:
+                        raise
+                    status, rows = "oom", [{"metric": "test_loss", "value": math.nan, "unit": "nats",
+                                            "status": "oom", "message": short_message(exc)}]
+                    free_memory(info.device)
+                if status == "interrupted":
+                    print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from "
+                          f"{run_dir}", file=sys.stderr)
+                    return 128 + res.signal if res.signal else 1
+                if store is not None:
+                    store.add(key, rows)
+                    if not args.keep_checkpoints:
+                        for p in (run_dir / "checkpoints").glob("*.pt"):
+                            if not p.name.startswith("nan_"):
+                                p.unlink()
+                        if not any((run_dir / "checkpoints").iterdir()):
+                            (run_dir / "checkpoints").rmdir()
+                exit_code = max(exit_code, int(status == "nan"))
+    if store is not None:
+        comp = write_report(out, store, env, args.preset)
+        print(report.format_comparison(comp))
+        print(f"{NAME}: tables and plots in {out}")
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,19 @@
+#!/usr/bin/env python
+"""Table 5: character-level GPT-2 pretraining (Enwik8, Text8, Mix) — MHA vs DCMHA vs DAMCHA.
+
+    python reproduce/table5_gpt2.py --preset smoke             # Shakespeare, minutes on a 2-core CPU
+    python reproduce/table5_gpt2.py --preset paper --device cuda
+    torchrun --nproc_per_node=8 reproduce/table5_gpt2.py --preset paper
+
+See attention_zoo/experiments/table5_gpt2.py for the presets; --help for every flag.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from attention_zoo.experiments.table5_gpt2 import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
