@@ -77,7 +77,7 @@ def format_comparison(df: pd.DataFrame, floatfmt: str = ".4f") -> str:
 
 def write_tables(out_dir: str | Path, stem: str, long_df: pd.DataFrame, wide_df: pd.DataFrame, env: dict,
                  title: str, notes: str = "", best: dict[str, str] | None = None,
-                 comparison: pd.DataFrame | None = None) -> dict[str, Path]:
+                 comparison: pd.DataFrame | None = None, floatfmt: str = ".4f") -> dict[str, Path]:
     """Write ``<stem>_long.csv``, ``<stem>.env.json``, ``<stem>_wide.csv`` and ``<stem>.md`` atomically."""
     out = Path(out_dir)
     paths = {
@@ -88,7 +88,7 @@ def write_tables(out_dir: str | Path, stem: str, long_df: pd.DataFrame, wide_df:
     md = [f"# {title}", ""]
     if notes:
         md += [notes.strip(), ""]
-    md += [markdown_table(wide_df, best=best)]
+    md += [markdown_table(wide_df, floatfmt=floatfmt, best=best)]
     if comparison is not None and not comparison.empty:
         md += ["## Paper vs ours", "", markdown_table(comparison)]
     md += [

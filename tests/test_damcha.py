@@ -28,9 +28,13 @@ def x_and_pad(dtype=torch.float64):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.7, 0.2)])
-def test_fused_rowsum_equals_explicit_values_and_gradients(causal, scales):
-    fused = damcha(causal, fused_rowsum=True, diag_scale=scales[0], off_diag_scale=scales[1])
-    explicit = damcha(causal, fused_rowsum=False, diag_scale=scales[0], off_diag_scale=scales[1])
+@pytest.mark.parametrize("extra", [{}, {"compact_rank": 3}, {"use_layer_bias": True, "layer_bias_rank": 2},
+                                   {"compact_rank": 2, "use_layer_bias": True, "layer_bias_rank": 2}],
+                         ids=["plain", "compact", "layer_bias", "compact+layer_bias"])
+def test_fused_rowsum_equals_explicit_values_and_gradients(causal, scales, extra):
+    opts = dict(diag_scale=scales[0], off_diag_scale=scales[1], n_layers=2, layer_idx=1, **extra)
+    fused = damcha(causal, fused_rowsum=True, **opts)
+    explicit = damcha(causal, fused_rowsum=False, **opts)
     explicit.load_state_dict(fused.state_dict())
     assert fused.generator.fused and not explicit.generator.fused
     x, pad = x_and_pad()

@@ -148,9 +148,12 @@ class StructuredMLPForM(nn.Module):
     # ---- structure ----------------------------------------------------------------------------------------
     @property
     def fusable(self) -> bool:
-        """Fused RowSum applies to plain mlp output without compact factors or layer bias (variants.md §7.4)."""
-        c = self.cfg
-        return c.compact_rank == 0 and c.off_diag_mode in ("mlp",) and not c.use_layer_bias
+        """RowSum can be taken without building M whenever every block comes from the generator (mlp mode).
+
+        Beyond the authors' fused path (plain output, no layer bias; variants.md §7.4) this covers compact rank,
+        m_i = U_i (Σ_j S_ij V_j)ᵀ/√r, and the layer bias, whose RowSum is a constant: same values, no D×D tensor.
+        """
+        return self.cfg.off_diag_mode == "mlp"
 
     @property
     def fused(self) -> bool:
@@ -217,10 +220,35 @@ class StructuredMLPForM(nn.Module):
                 raise ValueError("block_scales: a collapsed generator has no blocks to scale; use the full one")
             P, pb = self.out.weight, self.out.bias
             return lambda z: F.linear(z * H, P, pb * H).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
-        if self.fused:
-            W, b = self.folded_output()
-            return lambda z: F.linear(z, W, b).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
-        return lambda z: self.full_metric(z, alpha, layer_idx).sum(-2)  # RowSum over block columns j
+        if not self.fused:
+            return lambda z: self.full_metric(z, alpha, layer_idx).sum(-2)  # RowSum over block columns j
+        S = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
+        const = self._layer_bias_rowsum(layer_idx, S)  # (H, dh, dh) or None
+        if self.cfg.compact_rank:
+            D, r = self.d_model, self.cfg.compact_rank
+
+            def compact(z):
+                U, V = self.out(z).unflatten(-1, (2, H, dh, r)).unbind(-4)  # (..., H, dh, r) each
+                Vs = V.sum(-3, keepdim=True) if S is None else torch.einsum("ij,...jcr->...icr", S, V)
+                m = U @ Vs.transpose(-1, -2) / math.sqrt(r)  # (..., H, dh, dh) = U_i (Σ_j S_ij V_j)ᵀ / √r
+                return m if const is None else m + const
+
+            return compact
+        W, b = self.folded_output()
+        if const is not None:
+            b = b + const.flatten()
+        return lambda z: F.linear(z, W, b).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
+
+    def _layer_bias_rowsum(self, layer_idx: int | None, S: Tensor | None) -> Tensor | None:
+        """RowSum of the block-scaled layer bias U diag(s_l) Vᵀ: an input-independent [H, dh, dh]."""
+        if not self.cfg.use_layer_bias:
+            return None
+        H, dh = self.n_heads, self.head_dim
+        s = self.bias_s[0 if layer_idx is None else layer_idx]
+        bias = ((self.bias_U * s) @ self.bias_V.T).reshape(H, dh, H, dh)
+        if S is not None:
+            bias = bias * S[:, None, :, None]
+        return bias.sum(2)
 
     def folded_output(self) -> tuple[Tensor, Tensor]:
         """W′ [(H·dh·dh), w] and b′: the final layer summed over block columns j, block scales folded in."""
@@ -251,8 +279,7 @@ class StructuredMLPForM(nn.Module):
             M = M * eye[:, None, :, None] + B * (1 - eye)[:, None, :, None]
         if cfg.use_layer_bias:
             s = self.bias_s[0 if layer_idx is None else layer_idx]
-            bias = (self.bias_U * s) @ self.bias_V.T  # U diag(s_l) Vᵀ, (D, D)
-            M = M + bias.reshape(H, dh, H, dh)
+            M = M + ((self.bias_U * s) @ self.bias_V.T).reshape(H, dh, H, dh)  # U diag(s_l) Vᵀ
         if not self._unit_scales():
             M = M * block_scale_matrix(H, *self.block_scales, M)[:, None, :, None]
         return M
@@ -309,9 +336,10 @@ class StructuredMLPForM(nn.Module):
     def head_flops(self, batch: int, seq_len: int) -> int:
         """Final layer (fused: D·dh outputs; explicit: D² or 2·D·r) plus compact product and α mixing."""
         cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
-        macs = self.last_width * (D * dh if self.fused else self.out_dim)
-        if cfg.compact_rank:
-            macs += D * D * cfg.compact_rank
+        plain_fused = self.fused and not cfg.compact_rank
+        macs = self.last_width * (D * dh if plain_fused else self.out_dim)
+        if cfg.compact_rank:  # U Vᵀ: contracted per head when fused (D·dh·r), full D×D otherwise (D²·r)
+            macs += (D * dh if self.fused else D * D) * cfg.compact_rank
         if cfg.off_diag_mode in ("linear_comb", "bayesian"):
             macs += H * H * H * dh * dh
         return 2 * batch * self.calls(seq_len) * macs
