@@ -1,0 +1,304 @@
+"""Table 7 (App. D.3): complexity of MHA vs DAMCHA, measured scaling, and parameter counts under readings of P.
+
+1. The reconstructed complexity table (variants.md §8) as formulas and as MAC numbers at chosen sizes, per
+   layer, for MHA, DAMCHA without sharing and DAMCHA with stack-wise sharing, non-causal and causal.
+2. Measured scaling of single attention layers (every registered variant): forward FLOPs (analytic and
+   FlopCounterMode), forward latency (median) and the peak memory of one forward+backward step, swept over T and
+   over D; log-log slopes fitted with ``numpy.polyfit`` and plotted.
+3. Parameter counts at GPT-2 scale (N=12, d=768, w=1536, P=9) under the three readings of P (experiments.md §7),
+   attention-only and whole model, and at N=15 for the "≥ 25 % fewer" claim. The paper's parity claims are
+   reported, not asserted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from ..envinfo import environment_record, resolve_device
+from ..io import atomic_write_csv
+from ..measure import (
+    ForkServers,
+    build_workload,
+    count_flops,
+    guarded,
+    measure_memory_many,
+    measure_model_latency,
+    memory_item,
+    workload_spec,
+)
+from ..registry import get_attention_spec
+from ..report import line_plot, markdown_table, write_tables
+from ..results import ResultStore
+from .common import base_parser, select_variants, setup_threads, variant_flavours
+
+NAME = "table7_complexity"
+SWEEPS = {  # T sweep at d_model, D sweep at seq_len
+    "smoke": dict(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(32, 64, 128), seq_len=256, n_heads=4,
+                  batch=1, warmup=1, repeats=3),
+    "paper": dict(seq_lens=(128, 256, 512, 1024, 2048, 4096), d_model=512, d_models=(128, 256, 512, 1024),
+                  seq_len=1024, n_heads=8, batch=1, warmup=3, repeats=10),
+}
+
+
+# ---- 1. complexity table -------------------------------------------------------------------------------------------
+def generator_cost(d: int, h: int, hidden: tuple[int, ...], fused: bool = True) -> tuple[int, int]:
+    """(G_c MACs of one call, G parameters) of a generator d -> hidden... -> d² (fused RowSum: d²/h outputs run)."""
+    widths = (d, *hidden, d * d)
+    params = sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
+    run = (d, *hidden, d * d // h if fused else d * d)
+    return sum(i * o for i, o in zip(run[:-1], run[1:])), params
+
+
+FORMULAS = [  # component, MHA, DAMCHA no sharing, DAMCHA shared (variants.md §8; MACs per layer, one sequence)
+    ("score-forming projection", "Q,K: 2LD²", "X_i m_i: LD²/H", "LD²/H"),
+    ("similarity", "QKᵀ: L²D", "(X_i m_i)X_iᵀ: L²D", "L²D"),
+    ("softmax (elementwise, not in totals)", "O(HL²)", "O(HL²)", "O(HL²)"),
+    ("aggregation", "AV: L²D", "L²D", "L²D"),
+    ("V and O projections", "2LD²", "2LD²", "2LD²"),
+    ("context mean (adds, not in totals)", "—", "O(LD)", "O(LD) once per stack"),
+    ("metric generator, non-causal", "—", "G_c", "G_c/N (once per stack)"),
+    ("metric generator, causal prefix", "—", "L·G_c", "L·G_c/N (once per stack)"),
+    ("RowSum", "—", "D² adds (0 fused)", "D² once (0 fused)"),
+    ("attention params (stack)", "N(4D²+4D)", "N(2D²+2D+G)", "N(2D²+2D)+G"),
+    ("extra activation memory", "O(HL²) weights (0 fused)", "metric D²/H; causal fused L·D²/H",
+     "same, once per stack"),
+]
+
+
+def complexity_numbers(L: int, D: int, H: int, N: int, hidden: tuple[int, ...], causal: bool) -> dict[str, dict]:
+    """Per-layer MACs by component and in total, for the three columns, at one size."""
+    g_c, G = generator_cost(D, H, hidden)
+    gen = L * g_c if causal else g_c
+    common = {"similarity": L * L * D, "aggregation": L * L * D, "V and O projections": 2 * L * D * D}
+    cols = {"MHA": {"score-forming projection": 2 * L * D * D, **common, "metric generator": 0},
+            "DAMCHA no sharing": {"score-forming projection": L * D * D // H, **common, "metric generator": gen},
+            "DAMCHA shared": {"score-forming projection": L * D * D // H, **common, "metric generator": gen / N}}
+    params = {"MHA": N * (4 * D * D + 4 * D), "DAMCHA no sharing": N * (2 * D * D + 2 * D + G),
+              "DAMCHA shared": N * (2 * D * D + 2 * D) + G}
+    for name, c in cols.items():
+        c["total MACs per layer"] = sum(c.values())
+        c["attention params (stack)"] = params[name]
+    return cols
+
+
+COMPLEXITY_SIZES = {  # label -> (L, D, H, N, generator hidden widths)
+    "GPT-2 scale, 9-layer w=1536 generator": (1024, 768, 12, 12, (1536,) * 8),
+    "compact config, default generator (256, 512)": (256, 128, 8, 4, (256, 512)),
+}
+
+
+def complexity_frame() -> pd.DataFrame:
+    rows = []
+    for label, (L, D, H, N, hidden) in COMPLEXITY_SIZES.items():
+        for causal in (False, True):
+            for col, comps in complexity_numbers(L, D, H, N, hidden, causal).items():
+                for comp, v in comps.items():
+                    rows.append({"size": label, "L": L, "D": D, "H": H, "N": N, "causal": causal, "column": col,
+                                 "component": comp, "value": float(v)})
+    return pd.DataFrame(rows)
+
+
+# ---- 3. parameter counts under the readings of P --------------------------------------------------------------------
+def _mlp(widths: tuple[int, ...]) -> int:
+    return sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
+
+
+def generator_readings(d: int, w: int, P: int) -> dict[str, int]:
+    """G for each reading of P (experiments.md §7), plus attention_zoo's default generator for reference."""
+    return {"P = generator depth (d -> w ×8 -> d²)": _mlp((d,) + (w,) * 8 + (d * d,)),
+            "P = output multiplicity (d -> w -> w -> P·d)": _mlp((d, w, w, P * d)),
+            "P = number of d×d basis metrics (d -> w -> w -> P coefficients, + P·d²)": _mlp((d, w, w, P)) + P * d * d,
+            "attention_zoo default (d -> 256 -> 512 -> d²)": _mlp((d, 256, 512, d * d))}
+
+
+def gpt2_whole(d: int, N: int, attn_per_layer: int, vocab: int = 50257, ctx: int = 1024) -> int:
+    """GPT-2 whole model: embeddings (tied head), N blocks (attention + 4d MLP + 2 LN), final LN."""
+    mlp = 2 * 4 * d * d + 4 * d + d
+    return vocab * d + ctx * d + N * (attn_per_layer + mlp + 4 * d) + 2 * d
+
+
+def params_frame(d: int = 768, w: int = 1536, P: int = 9, layers=(12, 15)) -> pd.DataFrame:
+    rows = []
+    for reading, G in generator_readings(d, w, P).items():
+        for N in layers:
+            for sharing in ("shared", "unshared"):
+                mha = N * (4 * d * d + 4 * d)
+                dam = N * (2 * d * d + 2 * d) + (G if sharing == "shared" else N * G)
+                whole_mha = gpt2_whole(d, N, 4 * d * d + 4 * d)
+                whole_dam = whole_mha - mha + dam
+                rows.append({"reading of P": reading, "N": N, "sharing": sharing, "G": G,
+                             "MHA attention": mha, "DAMCHA attention": dam, "attention ratio": dam / mha,
+                             "attention reduction %": 100 * (1 - dam / mha), "MHA whole model": whole_mha,
+                             "DAMCHA whole model": whole_dam, "whole-model ratio": whole_dam / whole_mha,
+                             "parity N (shared)": G / (2 * d * d), "N for 25% fewer (shared)": G / (d * d)})
+    return pd.DataFrame(rows)
+
+
+# ---- 2. measured scaling ---------------------------------------------------------------------------------------------
+def scaling_rows(spec: dict, device: torch.device, sweep: dict, servers) -> list[dict]:
+    rows = []
+
+    def flops_latency():
+        wl = build_workload(spec, device)
+        rep = count_flops(wl.model, wl.inputs, spec["batch"], spec["seq_len"], counters=("flop_counter",))
+        lat = measure_model_latency(wl, "forward", device, sweep["warmup"], sweep["repeats"])
+        return {"analytic": rep.analytic, "counter": rep.flop_counter, "lat": lat}
+
+    res = guarded(flops_latency, device)
+    if res["status"] == "ok":
+        rows += [{"metric": "fwd_gflops_analytic", "value": res["analytic"] / 1e9, "unit": "GFLOP"},
+                 {"metric": "flop_counter_gflops", "value": res["counter"] / 1e9, "unit": "GFLOP"},
+                 {"metric": "latency_fwd_median_ms", "value": res["lat"].median_ms, "unit": "ms"},
+                 {"metric": "latency_fwd_iqr_ms", "value": res["lat"].iqr_ms, "unit": "ms"}]
+    else:
+        rows.append({"metric": "latency_fwd_median_ms", "value": float("nan"), "unit": "ms", **res})
+    mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads())], device,
+                              servers=servers)[0]
+    key = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
+    rows.append({"metric": f"peak_fwd_bwd_{key[5:]}", "value": mem.get(key, float("nan")), "unit": "MiB",
+                 "status": mem["status"], "message": mem["message"]})
+    return [{"status": "ok", "message": "", **r} for r in rows]
+
+
+FITTED = {"fwd_gflops_analytic": "FLOPs (analytic)", "flop_counter_gflops": "FLOPs (FlopCounter)",
+          "latency_fwd_median_ms": "time", "peak_fwd_bwd_alloc_mib": "memory", "peak_fwd_bwd_rss_mib": "memory"}
+
+
+def fit_slopes(df: pd.DataFrame, x: str) -> pd.DataFrame:
+    """log-log slope of each metric vs ``x`` per (variant, flavour, causal); positive values only, ≥ 2 points."""
+    out = []
+    ok = df[(df["status"] == "ok") & (df["value"] > 0) & df["metric"].isin(list(FITTED))]
+    for key, g in ok.groupby(["variant", "flavour", "causal", "metric"]):
+        pts = g.groupby(x)["value"].mean()
+        if len(pts) >= 2:
+            slope = float(np.polyfit(np.log(pts.index.to_numpy(float)), np.log(pts.to_numpy(float)), 1)[0])
+            out.append(dict(zip(["variant", "flavour", "causal", "metric"], key), slope=slope, points=len(pts)))
+    return pd.DataFrame(out)
+
+
+def slopes_wide(t_df: pd.DataFrame, d_df: pd.DataFrame) -> pd.DataFrame:
+    parts = []
+    for frame, x in ((t_df, "seq_len"), (d_df, "d_model")):
+        s = fit_slopes(frame, x) if not frame.empty else pd.DataFrame()
+        if not s.empty:
+            s["column"] = s["metric"].map(FITTED) + " ~ " + ("T" if x == "seq_len" else "D") + "^"
+            parts.append(s)
+    if not parts:
+        return pd.DataFrame()
+    s = pd.concat(parts)
+    return s.pivot_table(index=["variant", "flavour", "causal"], columns="column", values="slope").reset_index()
+
+
+def scaling_plots(t_df: pd.DataFrame, d_df: pd.DataFrame, out: Path) -> list[Path]:
+    paths = []
+    for frame, x in ((t_df, "seq_len"), (d_df, "d_model")):
+        ok = frame[(frame["status"] == "ok") & (frame["value"] > 0)].copy() if not frame.empty else frame
+        if ok.empty:
+            continue
+        ok["row"] = ok["variant"] + "/" + ok["flavour"] + ok["causal"].map({True: " causal", False: ""})
+        for metric, g in ok.groupby("metric"):
+            if metric not in FITTED or metric == "flop_counter_gflops":
+                continue
+            paths.append(line_plot(g, x, "value", "row", out / f"{NAME}_{metric}_vs_{x}.png", f"{metric} vs {x}",
+                                   f"{metric} ({g['unit'].iloc[0]})", loglog=True, errorbar=None))
+    return paths
+
+
+def build_parser():
+    p = base_parser(NAME, "Table 7: complexity formulas, measured scaling exponents and parameter counts.")
+    p.set_defaults(flavour="paper")
+    p.add_argument("--causal", choices=("both", "true", "false"), default="both", help="masking of the sweep")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=None, help="override the T sweep")
+    p.add_argument("--d-models", type=int, nargs="+", default=None, help="override the D sweep")
+    p.add_argument("--repeats", type=int, default=None, help="latency timed iterations")
+    p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
+    return p
+
+
+def run(args) -> int:
+    device = resolve_device(args.device)
+    setup_threads(args.threads)
+    sweep = dict(SWEEPS[args.preset])
+    if device.type == "cuda" and args.preset == "smoke":
+        sweep.update(warmup=5, repeats=20)
+    for k, v in (("seq_lens", args.seq_lens), ("d_models", args.d_models), ("repeats", args.repeats)):
+        if v:
+            sweep[k] = tuple(v) if isinstance(v, list) else v
+    pairs = variant_flavours(select_variants(args.variants), args.flavour)
+    causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
+    points = [(T, sweep["d_model"]) for T in sweep["seq_lens"]]
+    points += [(sweep["seq_len"], D) for D in sweep["d_models"] if (sweep["seq_len"], D) not in points]
+    store = ResultStore(args.out, NAME)
+    cells = []
+    for v, f in pairs:
+        for causal in causals:
+            if causal and not get_attention_spec(v).causal_ok:
+                continue
+            for T, D in points:
+                cells.append({"variant": v, "flavour": f, "causal": causal, "seq_len": T, "d_model": D,
+                              "n_heads": sweep["n_heads"], "batch": sweep["batch"], "preset": args.preset,
+                              "device": device.type, "repeats": sweep["repeats"]})
+    todo = [c for c in cells if not store.is_done(c)]
+    with ForkServers(args.memory_workers) as servers:
+        for cell in tqdm(todo, desc=NAME, disable=args.quiet):
+            spec = workload_spec(attention=cell["variant"], options={"flavor": cell["flavour"]}, causal=cell["causal"],
+                                 d_model=cell["d_model"], n_heads=cell["n_heads"], batch=cell["batch"],
+                                 seq_len=cell["seq_len"])
+            store.add(cell, scaling_rows(spec, device, sweep, servers if device.type == "cpu" else None))
+    ids = {tuple(sorted((k, str(v)) for k, v in c.items())) for c in cells}
+    df = store.frame()
+    if not df.empty:
+        df = df[df.apply(lambda r: tuple(sorted((k, str(r[k])) for k in cells[0])) in ids, axis=1)]
+    t_df = df[df["d_model"] == sweep["d_model"]] if not df.empty else df
+    d_df = df[df["seq_len"] == sweep["seq_len"]] if not df.empty else df
+    wide = slopes_wide(t_df, d_df)
+    out = Path(args.out)
+    comp, params = complexity_frame(), params_frame()
+    atomic_write_csv(comp, out / f"{NAME}_formulas_numbers.csv")
+    atomic_write_csv(params, out / f"{NAME}_params.csv")
+    env = environment_record(device, preset=args.preset, sweep={k: list(v) if isinstance(v, tuple) else v
+                                                                for k, v in sweep.items()})
+    write_tables(out, NAME, df, wide, env, "Table 7: complexity", report_notes(comp, params, sweep))
+    scaling_plots(t_df, d_df, out)
+    if not args.quiet:
+        print(markdown_table(params[(params["sharing"] == "shared")][["reading of P", "N", "G", "attention ratio",
+                                                                       "whole-model ratio"]]))
+        print(markdown_table(wide, floatfmt=".2f"))
+        print(f"wrote {out / (NAME + '.md')}")
+    return 0
+
+
+def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
+    formulas = pd.DataFrame(FORMULAS, columns=["component", "MHA", "DAMCHA, no sharing", "DAMCHA, stack-wise sharing"])
+    order = list(dict.fromkeys(comp["component"]))  # as built: projections first, totals and params last
+    nums = comp.pivot_table(index=["size", "causal", "component"], columns="column", values="value").reset_index()
+    nums["_k"] = nums["component"].map(order.index)
+    nums = nums.sort_values(["size", "causal", "_k"])[["size", "causal", "component", *dict.fromkeys(comp["column"])]]
+    cols = ["reading of P", "N", "sharing", "G", "MHA attention", "DAMCHA attention", "attention ratio",
+            "attention reduction %", "MHA whole model", "DAMCHA whole model", "whole-model ratio"]
+    return "\n".join([
+        "## Complexity (variants.md §8), MACs per layer for one sequence of length L", "",
+        markdown_table(formulas), "G_c: MACs of one generator call (fused RowSum: the last layer runs D²/H outputs); "
+        "G: generator parameters.", "", "### Numbers (MACs per layer; attention params per stack)", "",
+        markdown_table(nums, floatfmt=".4g"),
+        "## Parameter counts at GPT-2 scale (d=768, w=1536, P=9) under the readings of P (experiments.md §7)", "",
+        "Claims (reported, not asserted): (A) parity with MHA at N=12; (B) ≈25 % fewer attention parameters for "
+        "N ≥ 15. Whole model = GPT-2 small (vocab 50257, context 1024, tied head, 4d MLP).", "",
+        markdown_table(params[params["sharing"] == "shared"][cols], floatfmt=".4f"),
+        "Unshared generators (N·G) are in table7_complexity_params.csv.", "",
+        f"## Measured scaling exponents (log-log polyfit): single attention layer, batch {sweep['batch']}, "
+        f"H={sweep['n_heads']}; T sweep {list(sweep['seq_lens'])} at D={sweep['d_model']}, D sweep "
+        f"{list(sweep['d_models'])} at T={sweep['seq_len']}. FLOPs: forward (analytic, FlopCounterMode); time: "
+        "forward median; memory: peak of one forward+backward step (CUDA allocated / CPU RSS of a fresh process). "
+        "At smoke sizes on a CPU, per-call overhead dominates the forward time, so the time exponents are not "
+        "asymptotic; read them from `--preset paper` on a GPU.",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

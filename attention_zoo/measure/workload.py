@@ -1,0 +1,122 @@
+"""A measurable unit of work built from a JSON-able spec: model, fixed inputs and a training loss.
+
+The same spec builds the same model and the same seeded inputs in this process and in a fresh subprocess
+(the CPU peak-RSS path), so every measurement kind sees identical work (conventions.md §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..registry import create_attention
+from ..variants.base import check_choice, check_positive_int, collect_aux_losses
+
+KINDS = ("attention", "decoder")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_DEFAULTS = dict(
+    kind="attention",  # one attention layer on [B,T,D] features, or a token Decoder
+    attention="mha",
+    options={},  # attention options (flavor included)
+    d_model=64,
+    n_heads=4,
+    causal=False,  # attention kind only; the Decoder is always causal
+    n_layers=2,
+    d_ff=None,
+    vocab_size=256,
+    norm="pre",
+    positions="learned",
+    share_mlp=True,
+    dropout=0.0,
+    batch=2,
+    seq_len=32,
+    seed=0,
+    dtype="float32",
+)
+
+
+def workload_spec(**overrides) -> dict:
+    """A complete spec (defaults filled in). Raises ValueError for an unknown key or a bad kind/dtype."""
+    unknown = sorted(set(overrides) - set(_DEFAULTS))
+    if unknown:
+        raise ValueError(f"spec: unknown keys {', '.join(unknown)}; accepted: {', '.join(_DEFAULTS)}")
+    spec = {**_DEFAULTS, **overrides}
+    spec["options"] = dict(spec["options"] or {})
+    check_choice("kind", spec["kind"], KINDS)
+    check_choice("dtype", spec["dtype"], tuple(DTYPES))
+    for name in ("batch", "seq_len", "d_model", "n_heads", "n_layers", "vocab_size"):
+        check_positive_int(name, spec[name])
+    return spec
+
+
+@dataclass
+class Workload:
+    """``model(*inputs)`` is the measured forward; ``loss(output)`` the scalar a training step backpropagates."""
+
+    model: nn.Module
+    inputs: tuple
+    loss: Callable[[object], Tensor]
+    spec: dict
+
+    @property
+    def batch(self) -> int:
+        return self.spec["batch"]
+
+    @property
+    def seq_len(self) -> int:
+        return self.spec["seq_len"]
+
+    def forward(self):
+        return self.model(*self.inputs)
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+
+def _attention_loss(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    def loss(y: Tensor) -> Tensor:
+        aux = collect_aux_losses(model)
+        out = y.float().square().mean()
+        return out if aux is None else out + aux
+
+    return loss
+
+
+def _decoder_loss(tokens: Tensor) -> Callable:
+    def loss(out) -> Tensor:  # next-token cross-entropy + the attentions' auxiliary losses
+        logits = out.logits[:, :-1].float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)) + out.aux_loss
+
+    return loss
+
+
+def build_workload(spec: dict, device: torch.device | str = "cpu") -> Workload:
+    """Build the model (seeded) and its seeded inputs on ``device``.
+
+    Raises:
+        ValueError: a bad spec (see ``workload_spec``) or a bad attention name/option.
+    """
+    spec = workload_spec(**spec)
+    device, dtype = torch.device(device), DTYPES[spec["dtype"]]
+    B, T = spec["batch"], spec["seq_len"]
+    torch.manual_seed(spec["seed"])
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)  # inputs: identical across variants
+    if spec["kind"] == "attention":
+        model = create_attention(spec["attention"], d_model=spec["d_model"], n_heads=spec["n_heads"],
+                                 causal=spec["causal"], dropout=spec["dropout"], **spec["options"])
+        x = torch.randn(B, T, spec["d_model"], generator=gen).to(device=device, dtype=dtype)
+        model = model.to(device=device, dtype=dtype)
+        return Workload(model, (x,), _attention_loss(model), spec)
+    from ..models import Decoder
+
+    model = Decoder(spec["vocab_size"], spec["d_model"], spec["n_layers"], spec["n_heads"], spec["attention"],
+                    spec["options"], share_mlp=spec["share_mlp"], d_ff=spec["d_ff"], max_seq_len=T,
+                    dropout=spec["dropout"], attn_dropout=spec["dropout"], norm=spec["norm"],
+                    positions=spec["positions"]).to(device=device, dtype=dtype)
+    tokens = torch.randint(0, spec["vocab_size"], (B, T), generator=gen).to(device)
+    return Workload(model, (tokens,), _decoder_loss(tokens), spec)

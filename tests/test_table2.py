@@ -1,0 +1,80 @@
+"""Table 2: the authors' GFLOPs model, the wide table (ratios, OOM cells) and the CLI end to end."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attention_zoo.experiments.paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops, paper_macs
+from attention_zoo.experiments.table2_efficiency import NAME, paper_comparison, wide_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("key", list(PAPER_QUOTED_GFLOPS))
+def test_paper_model_reproduces_quoted_gflops(key):
+    method, _, seq_len = key
+    assert round(paper_gflops(method, seq_len), 4) == PAPER_QUOTED_GFLOPS[key]
+
+
+def test_paper_model_structure():
+    assert paper_macs("mha", 64) == paper_macs("mma", 64)  # MMA's masks do not change dense work
+    assert paper_gflops("damcha", 256) < min(paper_gflops(m, 256) for m in PAPER_METHODS if m not in
+                                             ("damcha", "damcha_compact"))  # the WMT claim, under this model
+    with pytest.raises(ValueError, match="method"):
+        paper_macs("gqa", 64)
+    with pytest.raises(ValueError, match="seq_len"):
+        paper_macs("mha", 0)
+
+
+def _rows(variant, flavour, metric, value, status="ok"):
+    return {"setting": "CIFAR-10/100", "seq_len": 64, "batch": 2, "variant": variant, "flavour": flavour,
+            "metric": metric, "value": value, "unit": "x", "status": status, "message": ""}
+
+
+def test_wide_frame_ratios_and_oom_cells():
+    df = pd.DataFrame([
+        _rows("mha", "paper", "latency_fwd_median_ms", 2.0), _rows("mha", "paper", "peak_train_rss_mib", 10.0),
+        _rows("tha", "paper", "latency_fwd_median_ms", 3.0), _rows("tha", "paper", "peak_train_rss_mib", 12.5),
+        _rows("moa", "damcha_repo", "latency_fwd_median_ms", 4.0),
+        _rows("moa", "damcha_repo", "peak_train_rss_mib", math.nan, status="oom"),
+        _rows("damcha", "paper", "peak_train_rss_mib", 5.0),
+    ])
+    wide = wide_frame(df).set_index("variant")
+    assert wide.loc["tha", "fwd latency / MHA"] == pytest.approx(1.5)
+    assert wide.loc["tha", "train memory / MHA"] == pytest.approx(1.25)
+    assert wide.loc["moa", "train MiB (RSS)"] == "skipped (OOM)"
+    comp = paper_comparison(df, "paper").set_index("what")
+    assert comp.loc["THA/DAMCHA train memory, CIFAR (paper)", "ours"] == pytest.approx(2.5)
+    assert comp.loc["DAMCHA CIFAR-10 GFLOPs (authors' model)", "ours"] == pytest.approx(0.0786, abs=5e-5)
+
+
+def _cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "reproduce" / f"{NAME}.py"), "--preset", "smoke", "--device", "cpu",
+           "--variants", "mha", "--settings", "cifar", "--batch", "1", "--warmup", "0", "--repeats", "2",
+           "--threads", "1", "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_cli_end_to_end_and_rerun_skips(tmp_path):
+    proc = _cli(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for suffix in ("_long.csv", ".env.json", "_wide.csv", ".md", ".jsonl"):
+        assert (tmp_path / f"{NAME}{suffix}").stat().st_size > 0
+    assert list(tmp_path.glob(f"{NAME}_*.png"))
+    assert "0.0786" in proc.stdout and "paper" in proc.stdout  # paper | ours | delta printed
+    long = pd.read_csv(tmp_path / f"{NAME}_long.csv")
+    got = set(long["metric"])
+    assert {"peak_fwd_rss_mib", "peak_train_rss_mib", "latency_fwd_median_ms", "latency_fwd_bwd_median_ms",
+            "fwd_gflops_analytic", "fvcore_gmacs", "flop_counter_gflops", "paper_model_gflops",
+            "attention_params", "total_params"} <= got
+    assert (long["status"] == "ok").all()
+    assert json.loads((tmp_path / f"{NAME}.env.json").read_text())["device"] == "cpu"
+    lines = (tmp_path / f"{NAME}.jsonl").read_text().splitlines()
+    again = _cli(tmp_path)
+    assert again.returncode == 0 and "1 already done" in again.stdout
+    assert (tmp_path / f"{NAME}.jsonl").read_text().splitlines() == lines  # nothing recomputed
