@@ -64,3 +64,20 @@ def test_unshared_grids_per_layer_and_plots(tmp_path):
     p1 = metric_heatmaps(model.get_M_matrices(), tmp_path / "m.png", "metrics", n_heads=H)
     p2 = gradient_grid_plot(grids, tmp_path / "g.png", "grads")
     assert p1.stat().st_size > 1000 and p2.stat().st_size > 1000
+
+
+def test_appendix_fgh_cli_writes_figures_and_skips_finished_cells(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "reproduce" / "appendix_fgh.py"
+    cmd = [sys.executable, str(script), "--device", "cpu", "--out", str(tmp_path), "--steps", "4",
+           "--quiet"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    for name in ("appendix_fgh_long.csv", "appendix_fgh.md", "appendix_fgh.env.json", "appF_adaptive_step4.png",
+                 "appF_static_step0.png", "appG_grad_adaptive.png", "appG_grad_unshared.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0 and second.stdout.count("(done)") == 3, second.stdout

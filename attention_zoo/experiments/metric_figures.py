@@ -107,7 +107,7 @@ def gradient_grid_plot(grids: dict[str, Tensor], path: str | Path, title: str) -
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
     for ax, name in zip(axes.flat, names):
         g = grids[name].detach().cpu().numpy()
-        sns.heatmap(g, ax=ax, cmap="viridis", square=True, annot=g.shape[0] <= 8, fmt=".2g", annot_kws={"size": 6})
+        sns.heatmap(g, ax=ax, cmap="viridis", square=True)
         ax.set_xlabel("block column j")
         ax.set_ylabel("block row i")
         ax.set_title(name, fontsize=7)

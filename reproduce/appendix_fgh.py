@@ -1,0 +1,15 @@
+#!/usr/bin/env python
+"""Appendices F–H: DAMCHA metric heatmaps over training, static vs adaptive, block-wise gradient norms.
+
+    python reproduce/appendix_fgh.py --device cpu      # smoke: digits masked-patch task, a few minutes
+"""
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from attention_zoo.experiments.appendix_fgh import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
