@@ -67,3 +67,41 @@ def setup_threads(threads: int | None) -> int:
             raise ValueError(f"threads: expected a positive int, got {threads}")
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def _parse_value(raw: str):
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_extra_configs(items: list[str]) -> list[tuple[str, dict, str]]:
+    """``["damcha:collapsed_generator=true"]`` -> [(name, options, label)]: extra rows for an option setting.
+
+    Raises:
+        ValueError: a malformed item, or an unknown attention name.
+    """
+    out = []
+    for item in items:
+        name, sep, rest = item.partition(":")
+        pairs = [kv for kv in rest.split(",") if kv]
+        if not sep or not pairs or any("=" not in kv for kv in pairs):
+            raise ValueError(f"extra: expected name:key=value[,key=value], got {item!r}")
+        get_attention_spec(name.strip())
+        options = {k.strip(): _parse_value(v.strip()) for k, v in (kv.split("=", 1) for kv in pairs)}
+        out.append((name.strip(), options, f"{name.strip()}[{rest}]"))
+    return out
+
+
+def variant_configs(names: list[str], flavour: str, extras: list[str]) -> list[tuple[str, str, dict, str]]:
+    """(attention name, flavour, options, row label): every selected variant × flavour, then the extra option
+    settings (paper flavour) whose variant is among the selected names."""
+    rows = [(n, f, {}, n) for n, f in variant_flavours(names, flavour)]
+    rows += [(n, "paper", opts, label) for n, opts, label in parse_extra_configs(extras) if n in names]
+    return rows

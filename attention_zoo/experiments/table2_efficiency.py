@@ -38,7 +38,7 @@ from ..measure import (
 )
 from ..report import barh_plot, comparison_frame, format_comparison, write_tables
 from ..results import ResultStore
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import base_parser, select_variants, setup_threads, variant_configs
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -69,8 +69,10 @@ def plan(args, device: torch.device) -> dict:
             "repeats": args.repeats if args.repeats is not None else (30 if cuda else 3 if smoke else 10)}
 
 
-def decoder_spec(variant: str, flavour: str, setting: Setting, cfg: dict, batch: int) -> dict:
-    return workload_spec(kind="decoder", attention=variant, options={"flavor": flavour}, d_model=cfg["d_model"],
+def decoder_spec(variant: str, flavour: str, setting: Setting, cfg: dict, batch: int, options: dict | None = None
+                 ) -> dict:
+    return workload_spec(kind="decoder", attention=variant, options={"flavor": flavour, **(options or {})},
+                         d_model=cfg["d_model"],
                          n_heads=cfg["n_heads"], n_layers=cfg["n_layers"], d_ff=cfg["d_ff"],
                          vocab_size=cfg["vocab_size"], norm="post", positions="sinusoidal", share_mlp=True,
                          dropout=0.1, batch=batch, seq_len=setting.seq_len)
@@ -130,8 +132,8 @@ def flop_param_rows(variant: str, spec: dict, setting: Setting, device: torch.de
 
 
 def run_cell(variant: str, flavour: str, setting: Setting, cfg: dict, device: torch.device, counters,
-             servers: ForkServers | None, batch: int) -> list[dict]:
-    spec = decoder_spec(variant, flavour, setting, cfg, batch)
+             servers: ForkServers | None, batch: int, options: dict | None = None) -> list[dict]:
+    spec = decoder_spec(variant, flavour, setting, cfg, batch, options)
     items = [memory_item(spec, mode, optimizer_in_region=True, threads=torch.get_num_threads())
              for mode in ("forward", "train")]
     rows = memory_rows(measure_memory_many(items, device, servers=servers))
@@ -262,6 +264,9 @@ def build_parser():
     p.add_argument("--counters", default="fvcore,flop_counter",
                    help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
     p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
+    p.add_argument("--extra", nargs="*", default=["damcha:collapsed_generator=true"],
+                   help="extra rows for option settings, name:key=value[,key=value] (default: DAMCHA's collapsed "
+                        "generator next to the full one)")
     return p
 
 
@@ -275,23 +280,25 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"settings: unknown {', '.join(unknown)}; available: {', '.join(s.key for s in SETTINGS)}")
     settings = [s for s in SETTINGS if s.key in keys]
-    pairs = variant_flavours(select_variants(args.variants), args.flavour)
+    configs = variant_configs(select_variants(args.variants), args.flavour, args.extra)
     store = ResultStore(args.out, NAME)
-    cells = []
+    cells, attention_of = [], {}
     for s in settings:
-        for v, f in pairs:
+        for name, f, options, label in configs:
             batch = cfg["batch"] or s.batch
-            cell = {"variant": v, "flavour": f, "setting": s.label, "seq_len": s.seq_len, "batch": batch,
+            cell = {"variant": label, "flavour": f, "setting": s.label, "seq_len": s.seq_len, "batch": batch,
                     "preset": args.preset, "model": cfg["model"], "device": device.type,
                     "repeats": cfg["repeats"], "counters": ",".join(counters)}
             cells.append((cell, s))
+            attention_of[label] = (name, options)
     todo = [(c, s) for c, s in cells if not store.is_done(c)]
     if not args.quiet:
         print(f"{len(cells)} cells, {len(cells) - len(todo)} already done; {notes(cfg, device, counters)[:160]}…")
     with ForkServers(args.memory_workers) as servers:
         for cell, s in tqdm(todo, desc=NAME, disable=args.quiet):
-            rows = run_cell(cell["variant"], cell["flavour"], s, cfg, device, counters,
-                            servers if device.type == "cpu" else None, cell["batch"])
+            name, options = attention_of[cell["variant"]]
+            rows = run_cell(name, cell["flavour"], s, cfg, device, counters,
+                            servers if device.type == "cpu" else None, cell["batch"], options)
             store.add(cell, rows)
     done = {_cell_key(c) for c, _ in cells}
     df = store.frame()

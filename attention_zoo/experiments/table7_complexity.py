@@ -34,7 +34,7 @@ from ..measure import (
 from ..registry import get_attention_spec
 from ..report import line_plot, markdown_table, write_tables
 from ..results import ResultStore
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import base_parser, select_variants, setup_threads, variant_configs
 
 NAME = "table7_complexity"
 SWEEPS = {  # T sweep at d_model, D sweep at seq_len
@@ -217,6 +217,9 @@ def build_parser():
     p.add_argument("--d-models", type=int, nargs="+", default=None, help="override the D sweep")
     p.add_argument("--repeats", type=int, default=None, help="latency timed iterations")
     p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
+    p.add_argument("--extra", nargs="*", default=["damcha:collapsed_generator=true"],
+                   help="extra rows for option settings, name:key=value[,key=value] (default: DAMCHA's collapsed "
+                        "generator next to the full one)")
     return p
 
 
@@ -229,24 +232,26 @@ def run(args) -> int:
     for k, v in (("seq_lens", args.seq_lens), ("d_models", args.d_models), ("repeats", args.repeats)):
         if v:
             sweep[k] = tuple(v) if isinstance(v, list) else v
-    pairs = variant_flavours(select_variants(args.variants), args.flavour)
+    configs = variant_configs(select_variants(args.variants), args.flavour, args.extra)
     causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
     points = [(T, sweep["d_model"]) for T in sweep["seq_lens"]]
     points += [(sweep["seq_len"], D) for D in sweep["d_models"] if (sweep["seq_len"], D) not in points]
     store = ResultStore(args.out, NAME)
-    cells = []
-    for v, f in pairs:
+    cells, attention_of = [], {}
+    for name, f, options, label in configs:
+        attention_of[label] = (name, options)
         for causal in causals:
-            if causal and not get_attention_spec(v).causal_ok:
+            if causal and not get_attention_spec(name).causal_ok:
                 continue
             for T, D in points:
-                cells.append({"variant": v, "flavour": f, "causal": causal, "seq_len": T, "d_model": D,
+                cells.append({"variant": label, "flavour": f, "causal": causal, "seq_len": T, "d_model": D,
                               "n_heads": sweep["n_heads"], "batch": sweep["batch"], "preset": args.preset,
                               "device": device.type, "repeats": sweep["repeats"]})
     todo = [c for c in cells if not store.is_done(c)]
     with ForkServers(args.memory_workers) as servers:
         for cell in tqdm(todo, desc=NAME, disable=args.quiet):
-            spec = workload_spec(attention=cell["variant"], options={"flavor": cell["flavour"]}, causal=cell["causal"],
+            name, options = attention_of[cell["variant"]]
+            spec = workload_spec(attention=name, options={"flavor": cell["flavour"], **options}, causal=cell["causal"],
                                  d_model=cell["d_model"], n_heads=cell["n_heads"], batch=cell["batch"],
                                  seq_len=cell["seq_len"])
             store.add(cell, scaling_rows(spec, device, sweep, servers if device.type == "cpu" else None))
