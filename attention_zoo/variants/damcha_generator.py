@@ -225,7 +225,7 @@ class StructuredMLPForM(nn.Module):
         S = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
         const = self._layer_bias_rowsum(layer_idx, S)  # (H, dh, dh) or None
         if self.cfg.compact_rank:
-            D, r = self.d_model, self.cfg.compact_rank
+            r = self.cfg.compact_rank
 
             def compact(z):
                 U, V = self.out(z).unflatten(-1, (2, H, dh, r)).unbind(-4)  # (..., H, dh, r) each
