@@ -1,0 +1,137 @@
+"""Appendix E (DAMCHA paper Figs. 6–7, p. 21): distributions of per-sample generation scores per dataset.
+
+Reads Table 1's per-sample files (``<table1-dir>/per_sample/``, listed by its result store) — no retraining; it is
+an error to run this before Table 1. One figure per dataset: a Gaussian KDE (seaborn ``kdeplot``, one curve per
+variant/flavour, seeds pooled, each curve normalised on its own) of every per-sample score Table 1 saved: MSE and
+Inception-feature distance for images, NLL, BERTScore F1 and (if it was available) BARTScore for text. The paper's
+claim is qualitative [Q]: DAMCHA's mass shifts to good scores, with fewer low-score outliers and tighter KDEs. The
+tables quantify it per variant: median, IQR, and the tail fraction — the share of a variant's samples beyond the
+pooled 90th percentile of all variants on the bad side (above it for MSE/feature distance/NLL, below the pooled
+10th percentile for BERTScore/BARTScore).
+"""
+
+from __future__ import annotations
+
+import argparse
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pandas as pd
+
+from .. import report
+from ..envinfo import environment_record
+from ..io import atomic_savefig
+from ..metrics.topk import read_per_sample
+from ..results import ResultStore
+from .common import base_parser, variant_flavours
+from .table1_generation import NAME as TABLE1
+from .table1_generation import flat_wide
+
+NAME = "appendix_e_kde"
+SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscore_f1": "higher",
+          "bartscore": "higher"}  # per-sample score -> which side is better
+STATS = ("median", "iqr", "tail_fraction")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser(NAME, __doc__.split("\n")[0])
+    p.set_defaults(seeds=None)
+    p.add_argument("--table1-dir", type=Path, default=Path("results") / TABLE1,
+                   help="Table 1's --out directory (its result store and per_sample/ files)")
+    p.add_argument("--datasets", default=None, help="comma-separated datasets (default: all Table 1 scored)")
+    p.epilog = "--seeds filters Table 1's seeds (default: all, pooled); --device and --threads are not used."
+    return p
+
+
+def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, seeds, datasets) -> pd.DataFrame:
+    """Per-sample rows of Table 1's finished cells (the newest record per dataset/variant/flavour/seed).
+
+    Raises:
+        FileNotFoundError: Table 1 has not been run into ``table1_dir`` (or not with this preset), or a per-sample
+            file it lists is missing.
+    """
+    store = ResultStore(table1_dir, TABLE1)
+    if not store.path.is_file():
+        raise FileNotFoundError(f"table1-dir: {store.path} does not exist; run `python reproduce/{TABLE1}.py "
+                                f"--preset {preset} --out {table1_dir}` first (App. E reads its per-sample scores)")
+    latest = {}
+    for rec in store.records():
+        c = rec["cell"]
+        files = {r.get("per_sample") for r in rec["rows"]} - {None}
+        if c["preset"] == preset and files and (seeds is None or c["seed"] in seeds):
+            latest[(c["dataset"], c["variant"], c["flavor"], c["seed"])] = files
+    frames = []
+    pairs = set(variant_flavours(sorted({k[1] for k in latest}), flavour)) if latest else set()
+    patterns = [p.strip() for p in variants.split(",") if p.strip()]
+    for (ds, v, f, _), files in latest.items():
+        if (v, f) not in pairs or (datasets and ds not in datasets) or not any(fnmatch(v, p) for p in patterns):
+            continue
+        for rel in sorted(files):
+            if not (table1_dir / rel).is_file():
+                raise FileNotFoundError(f"table1-dir: {table1_dir / rel} is listed by {store.path} but missing; "
+                                        "rerun Table 1 after deleting its store")
+            frames.append(read_per_sample(table1_dir / rel).assign(label=f"{v}/{f}"))
+    if not frames:
+        raise FileNotFoundError(f"table1-dir: {store.path} has no finished {preset!r} cells matching the filters")
+    return pd.concat(frames, ignore_index=True)
+
+
+def score_stats(df: pd.DataFrame) -> pd.DataFrame:
+    """Long rows (dataset, variant, flavor, metric = "<score>:<stat>", value) of the distribution statistics."""
+    rows = []
+    for ds, g in df.groupby("dataset"):
+        for score, better in SCORES.items():
+            if score not in g or g[score].isna().all():
+                continue
+            pooled = g[score].dropna()
+            cut = pooled.quantile(0.9 if better == "lower" else 0.1)
+            for (v, f), s in g.dropna(subset=[score]).groupby(["variant", "flavor"])[score]:
+                q25, q75 = s.quantile([0.25, 0.75])
+                tail = float((s > cut).mean() if better == "lower" else (s < cut).mean())
+                stats = {"mean": s.mean(), "median": s.median(), "iqr": q75 - q25, "std": s.std(),
+                         "tail_fraction": tail, "n": len(s)}
+                rows += [{"dataset": ds, "variant": v, "flavor": f, "score": score, "stat": k, "value": float(x),
+                          "metric": f"{score}:{k}", "better": better, "status": "ok"} for k, x in stats.items()]
+    return pd.DataFrame(rows)
+
+
+def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
+    plt, sns = report._plt()
+    scores = [s for s in SCORES if s in df and df[s].notna().any()]
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.6 * len(scores), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], scores):
+        sub = df.dropna(subset=[s])
+        sns.kdeplot(data=sub, x=s, hue="label", common_norm=False, ax=ax, warn_singular=False)
+        ax.set_title(f"{dataset}: {s} ({SCORES[s]} is better)", fontsize=9)
+    fig.suptitle(f"App. E: per-sample score densities ({dataset}, n = {len(df)} samples)", fontsize=10)
+    fig.tight_layout()
+    out = atomic_savefig(fig, path, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def run(args) -> int:
+    datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else None
+    samples = load_samples(Path(args.table1_dir), args.preset, args.variants, args.flavour, args.seeds, datasets)
+    out = Path(args.out)
+    stats = score_stats(samples)
+    pngs = [kde_figure(g, ds, out / f"{NAME}_{ds}.png") for ds, g in samples.groupby("dataset")]
+    wide = flat_wide(stats[stats["stat"].isin(STATS)], ["dataset", "variant", "flavor"], ["score", "stat"])
+    env = environment_record("cpu", preset=args.preset, table1_dir=str(args.table1_dir),
+                             figures=[p.name for p in pngs])
+    notes = [__doc__.split("\n\n")[1].replace("\n", " "), f"Source: `{args.table1_dir}` (preset `{args.preset}`). "
+             "No paper numbers: App. E is qualitative, so there is no paper | ours | delta.",
+             "Figures: " + ", ".join(f"`{p.name}`" for p in pngs)]
+    report.write_tables(out, NAME, stats, wide, env,
+                        "Appendix E: distributions of per-sample scores", "\n\n".join(notes))
+    print("(no paper numbers for App. E: the claim is qualitative — see the tail fractions and IQRs below)")
+    for (ds, score), g in stats[stats["stat"] == "tail_fraction"].groupby(["dataset", "score"]):
+        ranked = g.sort_values("value")
+        print(f"{ds:>10} {score:<18} tail fraction, best first: "
+              + ", ".join(f"{r.variant}/{r.flavor} {r.value:.2f}" for r in ranked.itertuples()))
+    print(f"{NAME}: {len(pngs)} figure(s) and tables in {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

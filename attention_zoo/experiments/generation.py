@@ -1,0 +1,399 @@
+"""Shared machinery of the generation experiments (DAMCHA paper Tables 1, 3, 4, App. E; experiments.md §2–§4).
+
+Models (any registered attention in the authors' post-LN block with sinusoidal positions, variants.md §0.2):
+- **patch** (the authors' CV code): 4×4 patches -> ``Linear(48, D)`` + positions -> causal ``AttentionStack`` ->
+  ``Linear(D, 2D) -> GELU -> Linear(2D, 48)``; MSE on the masked patches (1–3 zeroed patch rows per image, which
+  are zeros in the input as in the authors' code: the mask only selects the loss).
+- **pixel** (the paper's autoregressive generation): a ``Decoder`` over 8-bit RGB332 pixel tokens (1,024 per 32×32
+  image). Its reconstruction of an image is the teacher-forced argmax of every next pixel, compared with the image as
+  the tokeniser represents it (the 256-colour palette is lossy).
+- **text**: a ``Decoder`` over ``[BOS] source [SEP] target [EOS]``, loss on the target tokens and EOS only
+  (``data.seq2seq`` sets the other targets to IGNORE_INDEX); greedy decoding to EOS for BERTScore/BARTScore.
+
+Scoring uses the first ``eval_samples`` validation items (the authors' protocol; CIFAR: a 70/30 split of train, fixed
+by seed 0 for every training seed, so all cells score the same originals, whose features are cached). Images: MSE,
+FID over all scored pairs, FID@Top-50 (the 50 lowest-MSE pairs, the authors' rule; not comparable with standard
+FID), feature distance, Top-50 by feature distance -> MSE. Text: per-example NLL, BERTScore F1 (offline MiniLM),
+BARTScore (local facebook/bart-base, else NaN rows with status ``unsupported``), each with @Top-50 under both rules
+(``nll_top50``: the 50 lowest NLLs; ``score_top50``: the 50 highest scores). Per-sample scores go to
+``<out>/per_sample/`` (JSONL) for Top-50 and the App. E KDEs without retraining. Model selection: the lowest
+validation loss (``best.pt``); the smoke preset evaluates once, at the end (final weights).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..data import images as di
+from ..data import seq2seq as s2s
+from ..engine import TrainConfig, lm_loss, load_checkpoint, train
+from ..engine.checkpoint import strip_prefixes
+from ..engine.distributed import DistInfo
+from ..envinfo import set_seed
+from ..io import atomic_write_bytes
+from ..metrics import images as mi
+from ..metrics import text as mt
+from ..metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
+from ..models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
+from ..registry import split_options
+from ..results import cell_id
+
+IMAGE_SETS, TEXT_SETS = ("digits", "cifar10", "cifar100"), ("concepts", "wmt14", "commongen")
+TEXT_LENGTHS = {"concepts": (64, 96), "wmt14": (128, 128), "commongen": (64, 64)}  # (source, target) max tokens
+AUTHOR_TOKENIZERS = {"wmt14": "bert-base-multilingual-cased", "commongen": "facebook/bart-base"}
+BYTES_PER_TOKEN = 4  # real text through the byte tokenizer: the authors' subword lengths × 4
+K = 50  # the @Top-50 rules
+
+
+@dataclass(frozen=True)
+class Preset:
+    image_datasets: tuple[str, ...]  # the defaults of Table 1 (Tables 3, 4: the first image / last text set)
+    text_datasets: tuple[str, ...]
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    dropout: float  # residual, FFN and attention weights
+    hidden_dims: tuple[int, ...]  # DAMCHA generator widths (Tables 1 and 4)
+    depth_width: int  # Table 3: generator depth k = k − 1 hidden layers of this width + the output layer
+    depths: tuple[int, ...]  # Table 3
+    image_train: dict  # TrainConfig fields
+    text_train: dict
+    epochs: int | None  # None: the train dicts' max_steps; else epochs over the training split
+    image_eval: int | None  # images scored (None: the whole validation split)
+    text_eval: int | None  # text examples scored
+    max_train_pairs: int | None = None
+
+
+_COMMON = dict(weight_decay=0.0, beta2=0.999, grad_clip=1.0, warmup_steps=0)  # the authors: Adam(W), wd 0, clip 1
+PRESETS = {
+    "smoke": Preset(("digits",), ("concepts",), d_model=64, n_layers=2, n_heads=8, d_ff=128, dropout=0.0,
+                    hidden_dims=(128, 256), depth_width=128, depths=(1, 2, 3),
+                    image_train=dict(_COMMON, max_steps=150, batch_size=32, lr=2e-3, min_lr_ratio=0.01,
+                                     warmup_steps=10, log_every=10, eval_max_batches=2, ckpt_every=50),
+                    text_train=dict(_COMMON, max_steps=150, batch_size=16, lr=2e-3, min_lr_ratio=0.1,
+                                    warmup_steps=10, log_every=10, eval_max_batches=2, ckpt_every=50),
+                    epochs=None, image_eval=100, text_eval=64),
+    # The compact repo config (experiments.md §1), 50 epochs; CV: AdamW 3e-4 cosine to 0.01·lr, batch 64, the first
+    # 51 validation batches; text: Adam(W, wd 0) at 3e-4, batch 32, whole validation split, WMT's first 100k pairs.
+    "paper": Preset(("cifar10", "cifar100"), ("wmt14", "commongen"), d_model=128, n_layers=4, n_heads=8, d_ff=256,
+                    dropout=0.1, hidden_dims=(256, 512), depth_width=256, depths=tuple(range(1, 10)),
+                    image_train=dict(_COMMON, batch_size=64, lr=3e-4, min_lr_ratio=0.01, log_every=50),
+                    text_train=dict(_COMMON, batch_size=32, lr=3e-4, min_lr_ratio=1.0, log_every=50),
+                    epochs=50, image_eval=51 * 64, text_eval=None, max_train_pairs=100_000),
+}
+
+
+class PatchModel(nn.Module):
+    """The authors' masked-patch reconstruction model; ``forward(inputs [B,N,P], mask=None) -> ModelOutput``.
+
+    Raises:
+        ValueError: inputs not [B, N, patch_dim] with N <= n_tokens (and the stack's own checks).
+    """
+
+    def __init__(self, patch_dim: int, n_tokens: int, d_model: int, n_layers: int, n_heads: int, attention: str,
+                 attention_options: dict, share_mlp: bool, d_ff: int, dropout: float):
+        super().__init__()
+        self.patch_dim, self.n_tokens = patch_dim, n_tokens
+        self.embed = nn.Linear(patch_dim, d_model)
+        self.register_buffer("pos", sinusoidal_positions(n_tokens, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.stack = AttentionStack(StackConfig(d_model, n_layers, n_heads, attention, attention_options, share_mlp,
+                                                causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=dropout,
+                                                norm="post", max_seq_len=n_tokens))
+        self.head = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, patch_dim))
+
+    def forward(self, inputs: Tensor, mask: Tensor | None = None) -> ModelOutput:
+        if inputs.dim() != 3 or inputs.shape[-1] != self.patch_dim or inputs.shape[1] > self.n_tokens:
+            raise ValueError(f"inputs: expected [B, <= {self.n_tokens}, {self.patch_dim}], got {tuple(inputs.shape)}")
+        h, aux = self.stack(self.drop(self.embed(inputs) + self.pos[: inputs.shape[1]]))  # (B, N, D)
+        return ModelOutput(self.head(h), aux)
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    image_task: str = "patch"  # or "pixel"
+    pixel_mode: str = "rgb332"
+    image_size: int = 32  # digits only
+    tokenizer: str = "auto"  # bytes | a local HF tokenizer | auto: the authors' where available offline, else bytes
+    data_dir: str | None = None
+    download: bool = True
+    max_train_pairs: int | None = None
+    image_eval: int | None = 100
+    text_eval: int | None = 64
+
+
+class ImageData:
+    """A seeded 70/30 split of an image set's train split, prepared for the patch or the pixel task."""
+
+    kind = "image"
+
+    def __init__(self, name: str, o: DataOptions):
+        full = di.load_images(name, "train", o.data_dir, o.download, o.image_size)
+        tr, va = (torch.from_numpy(i) for i in di.train_val_split(len(full), 0.3, seed=0))
+        train_imgs, val = full.images[tr], full.images[va]
+        self.name, self.task, self.n_train = name, o.image_task, len(train_imgs)
+        self.eval_images = val[: o.image_eval]
+        if self.task == "patch":
+            rows = min(3, val.shape[2] // 4)
+            self.train_set, self.val_set, self.eval_set = (di.PatchTask(x, 4, 1, rows)
+                                                           for x in (train_imgs, val, self.eval_images))
+            self.patch_dim, self.n_tokens, self.loss_fn = self.train_set.patch_dim, self.train_set.n_tokens, \
+                di.masked_patch_mse
+        else:
+            self.tok = di.PixelTokenizer(o.pixel_mode)
+            self.train_set, self.val_set, self.eval_set = (self.tok.encode(x) for x in
+                                                           (train_imgs, val, self.eval_images))
+            self.vocab_size, self.seq_len, self.loss_fn = self.tok.model_vocab_size, self.train_set.shape[1], lm_loss
+            self.eval_images = self.tok.decode(self.eval_set, *val.shape[2:])  # what the tokens can represent
+
+    def sampler(self, batch: int, seed: int):
+        return (di.PatchSampler if self.task == "patch" else di.PixelSampler)(self.train_set, batch, seed)
+
+    def batches(self, split: str, batch: int):
+        data = self.val_set if split == "val" else self.eval_set
+        return di.PatchEvaluator(data, batch) if self.task == "patch" else di.PixelEvaluator(data, batch)
+
+
+class TextData:
+    """Source/target pairs packed for a decoder; the loss is ``lm_loss``, which skips IGNORE_INDEX targets."""
+
+    kind, task, loss_fn = "text", "text", staticmethod(lm_loss)
+
+    def __init__(self, name: str, o: DataOptions):
+        data = s2s.load_seq2seq(name, o.data_dir, 0, o.max_train_pairs)
+        want = AUTHOR_TOKENIZERS.get(name, "bytes") if o.tokenizer == "auto" else o.tokenizer
+        try:
+            self.tok = s2s.load_tokenizer(want)
+        except FileNotFoundError:
+            if o.tokenizer != "auto":
+                raise
+            self.tok = s2s.ByteTokenizer()
+        scale = BYTES_PER_TOKEN if isinstance(self.tok, s2s.ByteTokenizer) and name != "concepts" else 1
+        src_len, self.max_new_tokens = (n * scale for n in TEXT_LENGTHS[name])
+        self.name, self.vocab_size, self.seq_len = name, self.tok.vocab_size, src_len + self.max_new_tokens + 3
+        self.train_set, self.val_set = (s2s.encode_pairs(data.splits[s], self.tok, src_len, self.max_new_tokens)
+                                        for s in ("train", "val"))
+        self.eval_set, self.eval_pairs, self.n_train = (self.val_set[: o.text_eval], data.splits["val"][: o.text_eval],
+                                                        len(self.train_set))
+
+    def sampler(self, batch: int, seed: int):
+        return s2s.Seq2SeqSampler(self.train_set, self.tok, batch, seed)
+
+    def batches(self, split: str, batch: int):
+        return s2s.Seq2SeqEvaluator(self.val_set if split == "val" else self.eval_set, self.tok, batch)
+
+
+@functools.lru_cache(maxsize=8)
+def load_data(name: str, opts: DataOptions) -> ImageData | TextData:
+    """Raises ValueError for a dataset that is neither an image nor a text set (loaders raise their own errors)."""
+    if name in IMAGE_SETS + TEXT_SETS:
+        return (ImageData if name in IMAGE_SETS else TextData)(name, opts)
+    raise ValueError(f"datasets: {name!r} is not one of {', '.join(IMAGE_SETS + TEXT_SETS)}")
+
+
+def build_model(data, variant: str, flavor: str, p: Preset, options: dict | None = None,
+                share_mlp: bool = True) -> nn.Module:
+    """The task's model around ``variant``; options reach it only where it accepts them (by option name)."""
+    opts, _ = split_options(variant, {"hidden_dims": p.hidden_dims, **(options or {}), "flavor": flavor})
+    common = dict(attention=variant, attention_options=opts, share_mlp=share_mlp, d_ff=p.d_ff, dropout=p.dropout)
+    if data.task == "patch":
+        return PatchModel(data.patch_dim, data.n_tokens, p.d_model, p.n_layers, p.n_heads, **common)
+    return Decoder(data.vocab_size, p.d_model, p.n_layers, p.n_heads, max_seq_len=data.seq_len,
+                   attn_dropout=p.dropout, norm="post", positions="sinusoidal", **common)
+
+
+@dataclass
+class Context:
+    """Everything a cell needs besides its own key: preset, device, data options, scorers, output paths."""
+
+    name: str
+    preset_name: str
+    out: Path
+    device: torch.device
+    data: DataOptions
+    extractor: str
+    train_overrides: dict
+    steps: int | None
+    quiet: bool
+    keep_checkpoints: bool
+    bart_path: str | None
+
+    @property
+    def preset(self) -> Preset:
+        return PRESETS[self.preset_name]
+
+    def train_config(self, data) -> TrainConfig:
+        base = dict(self.preset.image_train if data.kind == "image" else self.preset.text_train)
+        if self.preset.epochs:
+            per_epoch = math.ceil(data.n_train / base["batch_size"])
+            base.update(max_steps=self.preset.epochs * per_epoch, eval_every=per_epoch, ckpt_every=per_epoch)
+        base.update(self.train_overrides, **({} if self.steps is None else {"max_steps": self.steps}))
+        return TrainConfig.from_dict(base)
+
+    def cell(self, dataset: str, variant: str, flavor: str, setting: str, seed: int) -> dict:
+        """The ResultStore key: what was run and with which configuration (hashed), so reruns skip it."""
+        data = load_data(dataset, self.data)
+        model = {k: v for k, v in asdict(self.preset).items() if not k.endswith(("_train", "_datasets", "depths"))}
+        conf = {"model": model, "train": self.train_config(data).to_dict(), "data": asdict(self.data)}
+        return {"experiment": self.name, "preset": self.preset_name, "dataset": dataset, "task": data.task,
+                "variant": variant, "flavor": flavor, "setting": setting, "seed": seed,
+                "steps": conf["train"]["max_steps"], "eval_samples": len(data.eval_set),
+                "extractor": self.extractor if data.kind == "image" else None,
+                "config": hashlib.sha1(json.dumps(conf, sort_keys=True, default=str).encode()).hexdigest()[:10]}
+
+    def run_dir(self, cell: dict) -> Path:
+        return self.out / "_cache" / "runs" / cell_name(cell)
+
+    def original_features(self, data: ImageData) -> Tensor:
+        """Features of the scored originals, computed once and cached under ``_cache/features``."""
+        key = hashlib.sha1(json.dumps([data.name, asdict(self.data), self.extractor]).encode()).hexdigest()[:12]
+        path = self.out / "_cache" / "features" / f"{key}.pt"
+        if not path.is_file():
+            buf = io.BytesIO()
+            torch.save(mi.extract_features(data.eval_images, self.extractor, device=str(self.device)), buf)
+            atomic_write_bytes(path, buf.getvalue())
+        return torch.load(path, weights_only=True)
+
+
+def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp: bool = True):
+    """Build (seeded) and train one cell's model, resuming from its run directory; returns (model, data, result).
+    On success the weights with the lowest validation loss are loaded (final weights when evaluated only once)."""
+    data = load_data(cell["dataset"], ctx.data)
+    set_seed(cell["seed"])
+    model = build_model(data, cell["variant"], cell["flavor"], ctx.preset, options, share_mlp)
+    cfg = ctx.train_config(data).replace(seed=cell["seed"], progress=not ctx.quiet)
+    run_dir = ctx.run_dir(cell)
+    res = train(model, cfg, data.sampler(cfg.batch_size, cell["seed"]), run_dir,
+                eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn, resume="auto",
+                info=DistInfo(device=ctx.device), meta={"cell": cell}, desc=cell_name(cell))
+    best = run_dir / "checkpoints" / "best.pt"
+    if res.status == "ok" and best.is_file():
+        model.load_state_dict(strip_prefixes(load_checkpoint(best)["model"]))
+    return model, data, res
+
+
+def cell_name(cell: dict, inference: str = "") -> str:
+    """``<dataset>-<variant>-<flavor>-<setting>[-<inference>]-s<seed>-<hash of the cell key>``."""
+    parts = (cell["dataset"], cell["variant"], cell["flavor"], cell["setting"], inference, f"s{cell['seed']}",
+             hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8])
+    return "-".join(p for p in parts if p)
+
+
+def _row(metric: str, value, unit: str, status: str = "ok", message: str = "") -> dict:
+    return {"metric": metric, "value": float(value), "unit": unit, "status": status, "message": message}
+
+
+@torch.no_grad()
+def score_images(ctx: Context, model: nn.Module, data: ImageData) -> tuple[list[dict], dict]:
+    """Rows and per-sample columns of every image metric (see the module docstring)."""
+    model.eval()
+    recs, mse, nll = [], [], []
+    for batch in data.batches("eval", 64)(None):
+        b = tuple(t.to(ctx.device) for t in batch)
+        logits = model(*b[:-1]).logits.float()
+        if data.task == "patch":
+            mse.append(di.masked_mse_per_sample(logits, b[2], b[1]).double().cpu())
+            recs.append(data.eval_set.reconstruct(batch, logits.cpu()))
+        else:
+            nll.append(nn.functional.cross_entropy(logits.transpose(1, 2), b[1], reduction="none").mean(1).cpu())
+            recs.append(data.tok.decode(logits.argmax(-1).cpu(), *data.eval_images.shape[2:]))
+    recon = mi.as_uint8(torch.cat(recs))
+    whole = mi.per_sample_mse(data.eval_images, recon).numpy()
+    mse = torch.cat(mse).numpy() if mse else whole
+    f_orig = ctx.original_features(data)
+    f_rec = mi.extract_features(recon, ctx.extractor, device=str(ctx.device))
+    fd = mi.feature_distance(f_orig, f_rec).numpy()
+    top, ftop = mse_top50(mse, K, allow_fewer=True), feature_top50(fd, mse, K, allow_fewer=True)
+    idx = torch.from_numpy(top.indices)
+    unit = "[-1,1]^2 (masked patches)" if data.task == "patch" else "[-1,1]^2"
+    rows = [_row("mse", mse.mean(), unit), _row("mse_q25", np.quantile(mse, 0.25), unit),
+            _row("mse_q75", np.quantile(mse, 0.75), unit), _row("fid", mi.fid_from_features(f_orig, f_rec), "FID"),
+            _row("fid_top50", mi.fid_from_features(f_orig[idx], f_rec[idx]), "FID (50-sample)"),
+            _row("feature_distance", fd.mean(), "squared L2"), _row("feature_top50_mse", ftop.value, unit),
+            _row("mse_top50_mean", top.value, unit), _row("best_mse", mse.min(), unit),
+            _row("top50_k", top.k, "samples"), _row("n_eval", len(mse), "samples")]
+    cols = {"mse": mse, "mse_image": whole, "feature_distance": fd}
+    if nll:
+        cols["nll"] = torch.cat(nll).double().numpy()
+        rows.append(_row("nll", cols["nll"].mean(), "nats/token"))
+    return rows, cols
+
+
+def score_text(ctx: Context, model: nn.Module, data: TextData) -> tuple[list[dict], dict]:
+    """Rows and per-sample columns of every text metric; unavailable scorers give NaN ``unsupported`` rows."""
+    nll = mt.per_example_nll(model, data.eval_set, data.tok, 32, ctx.device)
+    gen = s2s.greedy_decode(model, [e.source for e in data.eval_set], data.tok, data.max_new_tokens, 32, ctx.device)
+    hyps, refs = [data.tok.decode(g) for g in gen], [t for _, t in data.eval_pairs]
+    cols = {"nll": nll, "hypothesis": hyps, "reference": refs}
+    rows = [_row("nll", nll.mean(), "nats/token"), _row("nll_q25", np.quantile(nll, 0.25), "nats/token"),
+            _row("nll_q75", np.quantile(nll, 0.75), "nats/token"),
+            _row("nll_low50", np.sort(nll)[:K].mean(), "nats/token"), _row("top50_k", min(K, len(nll)), "samples"),
+            _row("n_eval", len(nll), "samples")]
+    for name, unit in (("bertscore_f1", "F1 (MiniLM-L6)"), ("bartscore", "log-prob")):
+        names = (name, f"{name}_nll_top50", f"{name}_score_top50")
+        try:
+            s = cols[name] = bertscore_f1(hyps, refs, str(ctx.device)) if name == "bertscore_f1" else \
+                bart_scorer(ctx.bart_path, str(ctx.device)).score(hyps, refs)
+        except mt.ModelNotAvailableError as exc:
+            rows += [_row(m, math.nan, unit, "unsupported", str(exc)) for m in names]
+            continue
+        values = (s.mean(), nll_top50(nll, s, K, True).value, score_top50(s, K, True).value)
+        rows += [_row(m, v, unit) for m, v in zip(names, values)]
+    return rows, cols
+
+
+def bertscore_f1(hyps: list[str], refs: list[str], device: str) -> np.ndarray:
+    """Per-example BERTScore F1; empty hypotheses score 0 (bert-score's rule; its own check crashes here)."""
+    f1, real = np.zeros(len(hyps)), [i for i, h in enumerate(hyps) if h.strip()]
+    if real:
+        f1[real] = mt.bertscore([hyps[i] for i in real], [refs[i] for i in real], device=device)["f1"]
+    return f1
+
+
+@functools.lru_cache(maxsize=2)
+def bart_scorer(path: str | None, device: str):
+    """The BARTScorer (loaded once per process). Raises ModelNotAvailableError with a short message."""
+    try:
+        return mt.BARTScorer(path, device=device)
+    except mt.ModelNotAvailableError:
+        raise mt.ModelNotAvailableError(f"{mt.DEFAULT_BART} is not available offline; pass --bart-path DIR or set "
+                                        f"${mt.BART_ENV}") from None
+
+
+def score_cell(ctx: Context, cell: dict, model: nn.Module, data, inference: str = "") -> list[dict]:
+    """Score a trained model, write its per-sample file and return the cell's rows (tagged with the file)."""
+    rows, cols = (score_images if data.kind == "image" else score_text)(ctx, model, data)
+    rel = Path("per_sample") / cell["dataset"] / f"{cell_name(cell, inference)}.jsonl"
+    write_per_sample(ctx.out / rel, cols, **{k: cell[k] for k in ("dataset", "variant", "flavor", "setting", "seed")},
+                     inference=inference)
+    return [{**r, "inference": inference, "per_sample": str(rel)} for r in rows]
+
+
+def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share_mlp: bool = True,
+                    inference: dict | None = None) -> list[dict] | None:
+    """Train a cell and score it (once, or once per ``inference`` entry ``label -> fn(model)`` that sets an
+    inference-time modification such as block scales); None when training was interrupted (resumable)."""
+    model, data, res = train_cell(ctx, cell, options, share_mlp)
+    if res.status == "interrupted":
+        return None
+    if res.status != "ok":
+        return [_row("train_loss", math.nan, "nats", res.status, f"non-finite loss or grad norm at step "
+                     f"{res.step + 1}; see {res.log_path}")]
+    extra = {"train_steps": res.step, "train_time_s": res.train_time_s, "best_val_loss": res.best_eval,
+             "params": sum(p.numel() for p in model.parameters())}
+    rows = []
+    for label, apply in (inference or {"": lambda m: None}).items():
+        apply(model)
+        rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label)]
+    return rows
