@@ -99,6 +99,12 @@ def parse_extra_configs(items: list[str]) -> list[tuple[str, dict, str]]:
     return out
 
 
+def add_extra_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extra", nargs="*", default=["damcha:collapsed_generator=true"],
+                   help="extra rows for option settings, name:key=value[,key=value] (default: DAMCHA's collapsed "
+                        "generator next to the full one)")
+
+
 def variant_configs(names: list[str], flavour: str, extras: list[str]) -> list[tuple[str, str, dict, str]]:
     """(attention name, flavour, options, row label): every selected variant × flavour, then the extra option
     settings (paper flavour) whose variant is among the selected names."""

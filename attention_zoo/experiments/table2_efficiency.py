@@ -38,7 +38,7 @@ from ..measure import (
 )
 from ..report import barh_plot, comparison_frame, format_comparison, write_tables
 from ..results import ResultStore
-from .common import base_parser, select_variants, setup_threads, variant_configs
+from .common import add_extra_argument, base_parser, select_variants, setup_threads, variant_configs
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -264,9 +264,7 @@ def build_parser():
     p.add_argument("--counters", default="fvcore,flop_counter",
                    help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
     p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
-    p.add_argument("--extra", nargs="*", default=["damcha:collapsed_generator=true"],
-                   help="extra rows for option settings, name:key=value[,key=value] (default: DAMCHA's collapsed "
-                        "generator next to the full one)")
+    add_extra_argument(p)
     return p
 
 

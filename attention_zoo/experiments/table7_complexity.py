@@ -34,7 +34,7 @@ from ..measure import (
 from ..registry import get_attention_spec
 from ..report import line_plot, markdown_table, write_tables
 from ..results import ResultStore
-from .common import base_parser, select_variants, setup_threads, variant_configs
+from .common import add_extra_argument, base_parser, select_variants, setup_threads, variant_configs
 
 NAME = "table7_complexity"
 SWEEPS = {  # T sweep at d_model, D sweep at seq_len
@@ -217,9 +217,7 @@ def build_parser():
     p.add_argument("--d-models", type=int, nargs="+", default=None, help="override the D sweep")
     p.add_argument("--repeats", type=int, default=None, help="latency timed iterations")
     p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
-    p.add_argument("--extra", nargs="*", default=["damcha:collapsed_generator=true"],
-                   help="extra rows for option settings, name:key=value[,key=value] (default: DAMCHA's collapsed "
-                        "generator next to the full one)")
+    add_extra_argument(p)
     return p
 
 
