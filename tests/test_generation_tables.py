@@ -138,6 +138,17 @@ def test_table4_static_rows_share_one_run(tmp_path):
     assert runs == {"full", "no_sharing", "no_fx"}  # w/o both was not trained again
 
 
+def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):
+    args = [*TINY, "--variants", "mha", "--datasets", "digits", "--out", str(tmp_path)]
+    assert table1_generation.main([*args, "--train", "stop_at=2"]) == 130  # as a preemption would stop it
+    assert not ResultStore(tmp_path, "table1_generation").records()
+    assert table1_generation.main(args) == 0  # stop_at is run control, not part of the cell: the same cell resumes
+    (run,) = (tmp_path / "_cache" / "runs").iterdir()
+    log = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in log if r.get("event") == "resume"] == [2]
+    assert len(ResultStore(tmp_path, "table1_generation").records()) == 1
+
+
 def test_text_model_is_trained_on_the_target_only_loss(tmp_path):
     args = table1_generation.build_parser().parse_args(
         ["--steps", "1", "--eval-samples", "4", "--out", str(tmp_path), "--quiet", "--train", "log_every=1"])

@@ -107,8 +107,9 @@ def make_context(args, name: str) -> Context:
     preset, n = PRESETS[args.preset], args.eval_samples
     data = DataOptions(args.image_task, args.pixel_mode, args.image_size, args.tokenizer, args.data_dir,
                        args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval)
-    return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor,
-                   parse_overrides(args.train), args.steps, args.quiet, args.keep_checkpoints, args.bart_path)
+    train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
+    return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
+                   args.quiet, args.keep_checkpoints, args.bart_path)
 
 
 def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None = None,
@@ -218,6 +219,10 @@ def image_text_notes(df: pd.DataFrame, ctx: Context) -> list[str]:
              "rule) are small-sample statistics, not comparable with standard 50k-sample FID"
              + (" — the smoke preset scores few samples because real-Inception FID costs ≈0.17 s per image on an "
                 "idle CPU." if ctx.preset_name == "smoke" else ".")]
+    if ctx.preset.decoder_positions != "sinusoidal" and set(df["task"]) & {"text", "pixel"}:
+        notes.append(f"Text/pixel decoders use {ctx.preset.decoder_positions} positions in this preset (the "
+                     "Decoder's unit-amplitude sinusoids swamp its N(0, 0.02) token embeddings at smoke scale; see "
+                     "`generation.Preset.decoder_positions`); the patch model keeps the authors' sinusoids.")
     bad = df[df["status"] != "ok"].drop_duplicates(["metric", "status", "message"])
     notes += [f"`{r.metric}`: {r.status} — {r.message}" for r in bad.itertuples() if not r.metric.endswith("top50")]
     return notes
