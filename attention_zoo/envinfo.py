@@ -1,4 +1,4 @@
-"""The environment record every results file carries (conventions.md §5)."""
+"""The environment record every results file carries, and the fingerprint that keys result cells."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def device_name(device: torch.device | str) -> str:
     return cpu_model()
 
 
+def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | str = "float32") -> dict:
+    """The parts of the environment that can change a measured number: device kind and model, torch version,
+    CPU threads and dtype. Part of every result cell's identity (``ResultStore`` context)."""
+    device = torch.device(device)
+    return {"device": device.type, "device_name": device_name(device), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+
+
 def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
     """Versions, device, thread counts, numerics flags, git revision, time and command line."""
     device = torch.device(device)
@@ -58,6 +66,8 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "command": " ".join(sys.argv),
+        "host": platform.node(),
+        "pid": os.getpid(),
     }
     rec.update(extra)
     return rec

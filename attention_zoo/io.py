@@ -59,17 +59,44 @@ def append_jsonl(path: str | os.PathLike, obj) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All complete records; a torn last line (crash mid-write) is ignored."""
+    """All complete records; a torn last line (crash mid-write) is ignored. For logs that must not lose or hide
+    anything (the result store), use ``scan_jsonl``."""
+    return [obj for _, obj in scan_jsonl(path)[0]]
+
+
+def scan_jsonl(path: str | os.PathLike) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """``(good, bad)``: ``(line number, object)`` of every JSON object line, and ``(line number, text)`` of every
+    line that is not one (NUL bytes, garbage, a torn record). Blank lines are neither."""
     path = Path(path)
     if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
+        return [], []
+    good, bad = [], []
+    for no, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        text = raw.decode("utf-8", errors="replace").strip()
+        if not text:
             continue
         try:
-            out.append(json.loads(line))
+            obj = json.loads(text)
         except json.JSONDecodeError:
-            continue
-    return out
+            obj = None
+        if isinstance(obj, dict):
+            good.append((no, obj))
+        else:
+            bad.append((no, text))
+    return good, bad
+
+
+def repair_tail(path: str | os.PathLike) -> bool:
+    """Make the next append start on a line of its own: a torn last line (no trailing newline) or trailing NUL
+    bytes (a crash on some file systems) are cut off or terminated. Returns True when the file was changed."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    data = path.read_bytes()
+    fixed = data.rstrip(b"\x00")
+    if fixed and not fixed.endswith(b"\n"):
+        fixed += b"\n"  # keep the torn text on its own line: scan_jsonl reports it instead of gluing to it
+    if fixed == data:
+        return False
+    atomic_write_bytes(path, fixed)
+    return True

@@ -100,6 +100,17 @@ def split_options(name: str, options: dict) -> tuple[dict, dict]:
     return ok, rest
 
 
+def resolved_options(name: str, options: dict | None = None) -> dict:
+    """Every keyword option of ``name`` with the value a module built with ``options`` gets: the given value,
+    else the constructor's default. Result cells record it, so a changed default is a different cell."""
+    spec = get_attention_spec(name)
+    params = inspect.signature(spec.cls.__init__).parameters
+    empty = inspect.Parameter.empty
+    out = {k: params[k].default for k in spec.options if k in params and params[k].default is not empty}
+    out.update({k: v for k, v in (options or {}).items() if v is not None})
+    return dict(sorted(out.items()))
+
+
 def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, **options):
     """Build a registered attention module.
 

@@ -281,13 +281,15 @@ def test_parameter_counts_compact_config():
     assert 4 * 33_024 + 8_569_600 == 8_701_696  # shared DAMCHA stack (§10)
 
 
-def test_analytic_flops_shared_stack_counts_generator_once():
-    model = zoo.models.Decoder(10, D, 3, H, attention="damcha", attention_options={"hidden_dims": (8,)})
-    model_c = zoo.models.Decoder(10, D, 3, H, attention="damcha", attention_options={"hidden_dims": (8,)},
-                                 share_mlp=False)
+@pytest.mark.parametrize("cache", ["store", "recompute"])
+def test_analytic_flops_shared_stack_counts_generator_once(cache):
+    opts = {"hidden_dims": (8,), "metric_cache": cache}
+    model = zoo.models.Decoder(10, D, 3, H, attention="damcha", attention_options=opts)
+    model_c = zoo.models.Decoder(10, D, 3, H, attention="damcha", attention_options=opts, share_mlp=False)
     shared_total = model.stack.shared.analytic_flops(1, T) + sum(
         layer.attn.analytic_flops(1, T) for layer in model.stack.layers)
     unshared_total = sum(layer.attn.analytic_flops(1, T) for layer in model_c.stack.layers)
     gen = model.stack.shared
-    trunk = gen.trunk_flops(1, T)
-    assert unshared_total - shared_total == 2 * trunk  # causal: trunk once instead of three times
+    trunk, head = gen.trunk_flops(1, T), gen.head_flops(1, T)
+    # causal: trunk once instead of three times; stored metrics: the final layer once too
+    assert unshared_total - shared_total == 2 * trunk + (2 * head if cache == "store" else 0)

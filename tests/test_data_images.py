@@ -93,9 +93,11 @@ def test_md5_constants_match_torchvision():
 def test_cifar_local_extracted(tmp_path, name):
     members = _cifar_members(name)
     _write_tree(tmp_path, members)
+    sums = {p.rpartition("/")[2]: hashlib.md5(b).hexdigest() for p, b in members.items()}  # fixture, not canonical
     n_train = 3 * len(CIFAR[name].files["train"])
-    train = load_cifar(name, "train", data_dir=tmp_path, download=False)
-    test = load_cifar(name, "test", data_dir=tmp_path / CIFAR[name].folder, download=False)  # the folder itself
+    train = load_cifar(name, "train", data_dir=tmp_path, download=False, file_md5=sums)
+    test = load_cifar(name, "test", data_dir=tmp_path / CIFAR[name].folder, download=False,  # the folder itself
+                      file_md5=sums)
     assert train.images.shape == (n_train, 3, 32, 32) and train.images.dtype == torch.uint8
     assert test.images.shape == (3, 3, 32, 32) and test.labels.tolist() == [n_train, n_train + 1, n_train + 2]
     assert train.classes == ("a", "b") and train.labels.tolist() == list(range(n_train))
@@ -112,8 +114,8 @@ def test_cifar_loopback_download_then_offline(tmp_path, http_dir, monkeypatch):
     got = load_cifar("cifar10", "train", url=f"{url}/c10.tar.gz", md5=md5)
     assert got.images.shape == (15, 3, 32, 32)
     assert (tmp_path / "data" / CIFAR["cifar10"].archive).is_file()
-    (served / "c10.tar.gz").unlink()  # now served nowhere: the extracted folder is used
-    assert torch.equal(load_cifar("cifar10", "train", download=False).images, got.images)
+    (served / "c10.tar.gz").unlink()  # now served nowhere: the extracted folder is used, checked against the archive
+    assert torch.equal(load_cifar("cifar10", "train", download=False, md5=md5).images, got.images)
 
 
 def test_cifar_download_md5_mismatch(tmp_path, http_dir):

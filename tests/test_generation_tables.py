@@ -77,7 +77,7 @@ def test_table1_rerun_skips_finished_cells(table1):
 
 def test_top50_recomputed_from_per_sample_files(table1):
     out, _ = table1
-    df = ResultStore(out, "table1_generation").frame()  # exact values (the CSV rounds to 10 digits)
+    df = ResultStore(out, "table1_generation").frame(every_context=True)  # exact values (the CSV rounds to 10 digits)
     for variant in ("mha", "damcha"):
         img = df[(df["dataset"] == "digits") & (df["variant"] == variant)]
         ps = read_per_sample(out / img["per_sample"].iloc[0])
@@ -141,12 +141,12 @@ def test_table4_static_rows_share_one_run(tmp_path):
 def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):
     args = [*TINY, "--variants", "mha", "--datasets", "digits", "--out", str(tmp_path)]
     assert table1_generation.main([*args, "--train", "stop_at=2"]) == 130  # as a preemption would stop it
-    assert not ResultStore(tmp_path, "table1_generation").records()
+    assert not ResultStore(tmp_path, "table1_generation").records(every_context=True)
     assert table1_generation.main(args) == 0  # stop_at is run control, not part of the cell: the same cell resumes
     (run,) = (tmp_path / "_cache" / "runs").iterdir()
     log = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in log if r.get("event") == "resume"] == [2]
-    assert len(ResultStore(tmp_path, "table1_generation").records()) == 1
+    assert len(ResultStore(tmp_path, "table1_generation").records(every_context=True)) == 1
 
 
 def test_text_model_is_trained_on_the_target_only_loss(tmp_path):

@@ -34,8 +34,10 @@ def elementwise_in_analytic(module, batch: int, seq_len: int) -> int:
     name, flavor = module.registry_name, module.flavor
     if (name, flavor) == ("colmha", "paper"):  # mixing Q̃ ⊙ m_i, counted as T·H·D̃ MACs (variants.md §9)
         return 2 * batch * seq_len * module.n_heads * module.shared_dim
-    if (name, flavor) == ("dcmha", "paper"):  # per split, the tanh diagonal gate qdd ⊙ a / kdd ⊙ a: H per (t, s)
-        return 2 * batch * seq_len * seq_len * len(module.splits) * module.n_heads
+    if (name, flavor) == ("dcmha", "paper"):  # per split, the tanh diagonal gate qdd ⊙ a / kdd ⊙ a: H per (t, s);
+        # per key-wise split, projection and expansion (2RH per (t, s)): elementwise in the chunked core
+        key_wise = sum(c.endswith("_k") for c in module.splits) * 2 * module.rank * module.n_heads
+        return 2 * batch * seq_len * seq_len * (len(module.splits) * module.n_heads + key_wise)
     return 0
 
 

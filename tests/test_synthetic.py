@@ -140,7 +140,8 @@ def test_cli_tiny_sweep_writes_outputs_and_skips_finished_cells(tmp_path, capsys
     assert set(long["variant"]) == {"mha", "tha"} and set(long["seed"]) == {0, 1}
     assert long.loc[long["metric"] == "test_mse", "value"].notna().all()
     lines = (tmp_path / "synthetic.jsonl").read_text().splitlines()
-    assert len(lines) == 12 and all(json.loads(x)["rows"] for x in lines)
+    cells = [json.loads(x) for x in lines if json.loads(x)["kind"] == "cell"]
+    assert len(cells) == 12 and len(lines) == 13 and all(c["rows"] for c in cells)  # + this run's record
     threads = torch.get_num_threads()
     try:
         assert exp.main(argv) == 0  # the rerun, in-process: nothing left to train

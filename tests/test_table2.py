@@ -76,5 +76,11 @@ def test_cli_end_to_end_and_rerun_skips(tmp_path):
     assert json.loads((tmp_path / f"{NAME}.env.json").read_text())["device"] == "cpu"
     lines = (tmp_path / f"{NAME}.jsonl").read_text().splitlines()
     again = _cli(tmp_path)
-    assert again.returncode == 0 and "1 already done" in again.stdout
+    assert again.returncode == 0 and "1 already measured here" in again.stdout
     assert (tmp_path / f"{NAME}.jsonl").read_text().splitlines() == lines  # nothing recomputed
+    before = long[long["metric"] == "total_params"]["value"].tolist()
+    other = _cli(tmp_path, "--vocab-size", "300", "--warmup", "1")  # other settings: a new cell, never the old one
+    assert other.returncode == 0 and "0 already measured here" in other.stdout
+    long = pd.read_csv(tmp_path / f"{NAME}_long.csv")
+    after = long[long["metric"] == "total_params"]["value"].tolist()
+    assert len(before) == len(after) == 1 and after[0] == before[0] + 44 * 128  # only the new cell is shown

@@ -1,5 +1,6 @@
 """Table 7: complexity numbers, parameter counts under the readings of P, slope fits and the CLI end to end."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,8 @@ def test_cli_end_to_end_and_rerun_skips(tmp_path):
     wide = pd.read_csv(tmp_path / f"{NAME}_wide.csv")
     assert wide.loc[0, "FLOPs (analytic) ~ T^"] > 1.0  # projections O(T) plus core O(T²)
     lines = (tmp_path / f"{NAME}.jsonl").read_text().splitlines()
-    assert len(lines) == 4  # T sweep (32, 64 at D=64) + D sweep (16, 32 at T=256)
+    cells = [ln for ln in lines if json.loads(ln)["kind"] == "cell"]
+    assert len(cells) == 4 and len(lines) == 5  # T sweep (32, 64 at D=64) + D sweep (16, 32 at T=256); 1 run record
     again = _cli(tmp_path)
     assert again.returncode == 0
     assert (tmp_path / f"{NAME}.jsonl").read_text().splitlines() == lines

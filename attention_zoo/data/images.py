@@ -70,16 +70,26 @@ class CifarSpec:
     meta: str
     label_key: str
     names_key: str
+    file_md5: dict  # pickle file -> MD5 (torchvision's values): checked before every unpickling
 
 
 CIFAR = {
     "cifar10": CifarSpec("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "cifar-10-python.tar.gz",
                          "c58f30108f718f92721af3b95e74349a", "cifar-10-batches-py",
                          {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
-                         "batches.meta", "labels", "label_names"),
+                         "batches.meta", "labels", "label_names",
+                         {"data_batch_1": "c99cafc152244af753f735de768cd75f",
+                          "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+                          "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+                          "data_batch_4": "634d18415352ddfa80567beed471001a",
+                          "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+                          "test_batch": "40351d587109b95175f43aff81a1287e",
+                          "batches.meta": "5ff9c542aee3614f3951f8cda6e48888"}),
     "cifar100": CifarSpec("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "cifar-100-python.tar.gz",
                           "eb9058c3a382ffc7106e4002c42a8d85", "cifar-100-python",
-                          {"train": ("train",), "test": ("test",)}, "meta", "fine_labels", "fine_label_names"),
+                          {"train": ("train",), "test": ("test",)}, "meta", "fine_labels", "fine_label_names",
+                          {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+                           "meta": "7973b15100ade9c7d40fb424638fde48"}),
 }
 
 
@@ -155,12 +165,37 @@ def _extract(archive: Path, root: Path, folder: str, url: str) -> Path:
     return root / folder
 
 
-def _unpickle(path: Path) -> dict:
+def _unpickle(path: Path, md5: str | None) -> dict:
+    """Unpickle a CIFAR batch only after its MD5 matched: unpickling runs code, so an unverified file never is."""
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f, encoding="latin1")
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+        blob = path.read_bytes()
+    except OSError as exc:
         raise DatasetError(f"{path}: unreadable CIFAR batch ({exc}); delete {path.parent} and extract again") from exc
+    got = hashlib.md5(blob).hexdigest()
+    if md5 is None or got != md5:
+        raise DatasetError(f"{path}: MD5 {got} does not match the expected {md5}; refusing to unpickle it (delete "
+                           f"{path.parent} and extract the archive again)")
+    try:
+        return pickle.loads(blob, encoding="latin1")
+    except (EOFError, pickle.UnpicklingError, ValueError) as exc:
+        raise DatasetError(f"{path}: unreadable CIFAR batch ({exc}); delete {path.parent} and extract again") from exc
+
+
+def _archive_member_md5(archive: Path, md5: str, folder: str) -> dict:
+    """{file: MD5} of the members of ``folder`` in a CIFAR-format archive whose own MD5 is checked first."""
+    if not archive.is_file() or md5_file(archive) != md5:
+        raise DatasetError(f"{archive}: missing or not matching MD5 {md5}, so the extracted files cannot be verified; "
+                           "pass file_md5 or keep the verified archive next to the folder")
+    sums = {}
+    try:
+        with tarfile.open(archive, "r:gz") as tf:
+            for member in tf:
+                parent, _, name = member.name.rpartition("/")
+                if member.isfile() and parent == folder:
+                    sums[name] = hashlib.md5(tf.extractfile(member).read()).hexdigest()
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise DatasetError(f"{archive} is not a readable tar.gz archive ({exc})") from exc
+    return sums
 
 
 def cifar_folder(name: str, data_dir: str | os.PathLike | None = None, download: bool = True,
@@ -195,20 +230,32 @@ def cifar_folder(name: str, data_dir: str | os.PathLike | None = None, download:
 
 
 def load_cifar(name: str, split: str = "train", data_dir: str | os.PathLike | None = None, download: bool = True,
-               url: str | None = None, md5: str | None = None) -> ImageSet:
-    """CIFAR-10/100 images as uint8 (N, 3, 32, 32) with fine labels. See :func:`cifar_folder` for Raises."""
+               url: str | None = None, md5: str | None = None, file_md5: dict | None = None) -> ImageSet:
+    """CIFAR-10/100 images as uint8 (N, 3, 32, 32) with fine labels. See :func:`cifar_folder` for Raises.
+
+    Every pickle file is MD5-checked before it is unpickled, on every load (a pre-extracted folder included):
+    against ``file_md5`` if given, else the canonical values, or, when ``md5`` names another archive (a test
+    fixture), against that archive's members (the archive must then lie next to the folder).
+
+    Raises:
+        DatasetError: also when a file's MD5 does not match (it is not unpickled).
+    """
     if split not in ("train", "test"):
         raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
     folder = cifar_folder(name, data_dir, download, url, md5)
     spec = CIFAR[name]
+    if file_md5 is None:
+        own = md5 is None or md5 == spec.md5
+        file_md5 = spec.file_md5 if own else _archive_member_md5(folder.parent / spec.archive, md5, spec.folder)
     data, labels = [], []
     for fname in spec.files[split]:
         if not (folder / fname).is_file():
             raise DatasetError(f"{folder} lacks {fname}; delete the folder and extract the archive again")
-        batch = _unpickle(folder / fname)
+        batch = _unpickle(folder / fname, file_md5.get(fname))
         data.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))  # rows are R, G, B planes
         labels.extend(batch[spec.label_key])
-    classes = tuple(_unpickle(folder / spec.meta)[spec.names_key]) if (folder / spec.meta).is_file() else ()
+    meta = folder / spec.meta
+    classes = tuple(_unpickle(meta, file_md5.get(spec.meta))[spec.names_key]) if meta.is_file() else ()
     return ImageSet(name, torch.from_numpy(np.concatenate(data)), torch.tensor(labels, dtype=torch.long), classes)
 
 

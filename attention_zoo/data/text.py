@@ -126,7 +126,8 @@ def download(url: str, dest: str | os.PathLike, sha256: str | None = None, timeo
 
 def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, download_ok: bool = True) -> Path:
     """Path of the corpus bytes ``<data_dir>/<name>/<member>``, extracted from ``<archive>`` (downloaded if absent
-    and allowed). A user-supplied archive is checksum-verified like a downloaded one.
+    and allowed). A user-supplied archive is checksum-verified like a downloaded one, and so are the extracted
+    bytes on every call.
 
     Raises:
         CorpusNotFoundError: neither the bytes nor the archive are there and ``download_ok`` is False.
@@ -135,7 +136,11 @@ def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, 
     """
     root = resolve_data_dir(data_dir) / spec.name
     raw = root / spec.member
-    if raw.is_file():
+    if raw.is_file():  # checked on every load, not only when it was extracted
+        with open(raw, "rb") as f:
+            head = f.read(spec.n_bytes) if spec.n_bytes is not None else f.read()
+        _check(str(raw), hashlib.sha256(head).hexdigest(), spec.member_sha256,
+               f"delete it (it is extracted again from {spec.archive})")
         return raw
     archive = root / spec.archive
     how = (f"download {spec.url} into {root}/ (or point ${DATA_ENV} / --data-dir at a directory holding "

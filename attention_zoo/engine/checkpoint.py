@@ -61,10 +61,13 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
                               f"header says {length}")
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint: {path} is corrupt (SHA-256 of the payload does not match its header)")
-    state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
-    if state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint: {path} has format_version {state.get('format_version')!r}, "
-                              f"this code reads {FORMAT_VERSION}")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except Exception as exc:  # weights_only refusal (a non-tensor global), or an unreadable payload
+        raise CheckpointError(f"checkpoint: {path} was refused by the weights_only loader ({exc})") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        version = state.get("format_version") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"checkpoint: {path} has format_version {version!r}, this code reads {FORMAT_VERSION}")
     return state
 
 
@@ -102,8 +105,9 @@ class CheckpointManager:
         return save_checkpoint(self.dir / f"nan_step_{step:08d}.pt", state)
 
     def resolve(self, resume: str | Path | None, map_location="cpu") -> tuple[Path | None, dict | None]:
-        """``None`` -> fresh start; ``"auto"`` -> newest *valid* step checkpoint (corrupt ones are skipped with a
-        warning; none at all -> fresh start); a path -> that checkpoint, which must exist and be valid.
+        """``None`` -> fresh start; ``"auto"`` -> newest *valid* step checkpoint (one refused for any reason,
+        weights_only refusal included, is skipped with a warning for the previous one; none at all -> fresh start);
+        a path -> that checkpoint, which must exist and be valid.
 
         Raises:
             FileNotFoundError: an explicit path that does not exist (never a silent restart).
@@ -116,8 +120,9 @@ class CheckpointManager:
         for _, path in self.step_checkpoints():
             try:
                 return path, load_checkpoint(path, map_location)
-            except CheckpointError as exc:
-                warnings.warn(f"resume: skipping unreadable checkpoint ({exc})", RuntimeWarning, stacklevel=2)
+            except Exception as exc:  # any refusal: fall back to the previous checkpoint rather than stop
+                warnings.warn(f"resume: skipping unreadable checkpoint {path.name} ({exc}); trying the previous one",
+                              RuntimeWarning, stacklevel=2)
         return None, None
 
 

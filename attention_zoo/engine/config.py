@@ -8,6 +8,17 @@ from dataclasses import asdict, dataclass, fields
 AMP_MODES = ("auto", "off", "bf16")
 
 
+# Fields that steer a run (when to stop, checkpoint, log, show progress) without changing its numbers: resume is
+# bit-exact, so they are left out of a result cell's identity.
+RUN_CONTROL = ("stop_at", "handle_signals", "progress", "ckpt_every", "keep_last", "log_every")
+
+
+def result_identity(train: dict) -> dict:
+    """The training settings that can change a result: ``train`` (a TrainConfig dict or overrides) without the
+    run-control fields."""
+    return {k: v for k, v in train.items() if k not in RUN_CONTROL}
+
+
 @dataclass
 class TrainConfig:
     """Everything the loop needs besides the model and the data.

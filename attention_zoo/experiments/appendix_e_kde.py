@@ -23,7 +23,7 @@ from ..envinfo import environment_record
 from ..io import atomic_savefig
 from ..metrics.topk import read_per_sample
 from ..results import ResultStore
-from .common import base_parser, variant_flavours
+from .common import base_parser, cli_main, select_variants, variant_flavours
 from .table1_generation import NAME as TABLE1
 from .table1_generation import flat_wide
 
@@ -31,6 +31,9 @@ NAME = "appendix_e_kde"
 SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscore_f1": "higher",
           "bartscore": "higher"}  # per-sample score -> which side is better
 STATS = ("median", "iqr", "tail_fraction")
+SCORE_UNITS = {"mse": "pixel MSE", "feature_distance": "Inception feature L2", "nll": "nats",
+               "bertscore_f1": "F1", "bartscore": "log-likelihood"}
+NON_NEGATIVE = ("mse", "feature_distance", "nll")  # their densities are bounded at 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,12 +53,13 @@ def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, see
         FileNotFoundError: Table 1 has not been run into ``table1_dir`` (or not with this preset), or a per-sample
             file it lists is missing.
     """
-    store = ResultStore(table1_dir, TABLE1)
-    if not store.path.is_file():
-        raise FileNotFoundError(f"table1-dir: {store.path} does not exist; run `python reproduce/{TABLE1}.py "
+    path = Path(table1_dir) / f"{TABLE1}.jsonl"
+    if not path.is_file():  # checked before opening the store, which would create the directory
+        raise FileNotFoundError(f"table1-dir: {path} does not exist; run `python reproduce/{TABLE1}.py "
                                 f"--preset {preset} --out {table1_dir}` first (App. E reads its per-sample scores)")
+    store = ResultStore(table1_dir, TABLE1)
     latest = {}
-    for rec in store.records():
+    for rec in store.records(every_context=True):  # in file order: the newest record of a cell wins
         c = rec["cell"]
         files = {r.get("per_sample") for r in rec["rows"]} - {None}
         if c["preset"] == preset and files and (seeds is None or c["seed"] in seeds):
@@ -90,8 +94,10 @@ def score_stats(df: pd.DataFrame) -> pd.DataFrame:
                 tail = float((s > cut).mean() if better == "lower" else (s < cut).mean())
                 stats = {"mean": s.mean(), "median": s.median(), "iqr": q75 - q25, "std": s.std(),
                          "tail_fraction": tail, "n": len(s)}
+                units = {"n": "samples", "tail_fraction": "fraction"}
                 rows += [{"dataset": ds, "variant": v, "flavor": f, "score": score, "stat": k, "value": float(x),
-                          "metric": f"{score}:{k}", "better": better, "status": "ok"} for k, x in stats.items()]
+                          "unit": units.get(k, SCORE_UNITS[score]), "metric": f"{score}:{k}", "better": better,
+                          "status": "ok"} for k, x in stats.items()]
     return pd.DataFrame(rows)
 
 
@@ -101,7 +107,8 @@ def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(scores), figsize=(4.6 * len(scores), 3.6), squeeze=False)
     for ax, s in zip(axes[0], scores):
         sub = df.dropna(subset=[s])
-        sns.kdeplot(data=sub, x=s, hue="label", common_norm=False, ax=ax, warn_singular=False)
+        sns.kdeplot(data=sub, x=s, hue="label", common_norm=False, ax=ax, warn_singular=False,
+                    clip=(0, None) if s in NON_NEGATIVE else None)
         ax.set_title(f"{dataset}: {s} ({SCORES[s]} is better)", fontsize=9)
     fig.suptitle(f"App. E: per-sample score densities ({dataset}, n = {len(df)} samples)", fontsize=10)
     fig.tight_layout()
@@ -111,6 +118,7 @@ def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
 
 
 def run(args) -> int:
+    select_variants(args.variants)  # an unknown name is an error, not an empty selection
     datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else None
     samples = load_samples(Path(args.table1_dir), args.preset, args.variants, args.flavour, args.seeds, datasets)
     out = Path(args.out)
@@ -133,5 +141,6 @@ def run(args) -> int:
     return 0
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

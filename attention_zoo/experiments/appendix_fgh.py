@@ -22,8 +22,7 @@ from tqdm.auto import tqdm
 from ..envinfo import environment_record, resolve_device, set_seed
 from ..io import atomic_write_json
 from ..report import write_tables
-from ..results import ResultStore
-from .common import base_parser, setup_threads
+from .common import base_parser, cli_main, open_store, positive_int, seed_int, setup_threads
 from .generation import PRESETS, DataOptions, build_model, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
 
@@ -66,17 +65,17 @@ def run(args) -> dict:
     data = load_data(s["dataset"], DataOptions(image_task="patch", data_dir=args.data_dir, image_eval=64))
     steps_per_epoch = math.ceil(data.n_train / s["batch"])
     snap_steps = list(s["snapshots"]) if s["steps"] else [e * steps_per_epoch for e in s["snapshots"]]
-    args.out.mkdir(parents=True, exist_ok=True)
-    store = ResultStore(args.out, "appendix_fgh")
+    env = environment_record(device, preset=args.preset)
+    store = open_store(args, "appendix_fgh", device, env, settings=s)
     val_batch = tuple(t.to(device) for t in next(iter(data.batches("val", 16)())))
     paths = {}
     for label, (opts, share) in MODELS.items():
-        cell = {"model": label, "preset": args.preset, "seed": args.seeds[0], "snapshots": snap_steps}
-        if store.is_done(cell):
+        cell = {"model": label, "preset": args.preset, "seed": args.seed, "snapshots": snap_steps}
+        if not store.claim(cell):
             print(f"skip {label} (done)")
             continue
         t0 = time.perf_counter()
-        set_seed(args.seeds[0])
+        set_seed(args.seed)
         model = build_model(data, "damcha", "paper", p, options=opts, share_mlp=share).to(device)
         snaps = _train_with_snapshots(model, data, s, snap_steps, device, not args.quiet)
         H = p.n_heads
@@ -105,7 +104,7 @@ def run(args) -> dict:
         store.add(cell, [{**r, "status": "ok", "device": str(device)} for r in rows])
         print(f"{label}: {time.perf_counter() - t0:.1f} s")
     df = store.frame()
-    env = environment_record(device, preset=args.preset)
+    env = store.environment(env, df)
     wide = df[df["metric"] != "grad_row_spread"].pivot_table(index=["model", "layer", "step"], columns="metric",
                                                               values="value").reset_index()
     paths.update(write_tables(args.out, "appendix_fgh", df, wide, env, "Appendices F–H: DAMCHA metrics",
@@ -113,9 +112,12 @@ def run(args) -> dict:
     return paths
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser("appendix_fgh", __doc__.split("\n\n")[0])
+    p = base_parser("appendix_fgh", __doc__.split("\n\n")[0], seeds=False, variants=False)  # DAMCHA only
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed of the three models, in 0 … 2**32 − 1")
     p.add_argument("--data-dir", default=None, help="CIFAR-10 location for the paper preset")
-    p.add_argument("--steps", type=int, default=None, help="override the training length (optimizer steps)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="override the training length (optimizer steps)")
     run(p.parse_args(argv))
     return 0

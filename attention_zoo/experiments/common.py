@@ -1,35 +1,145 @@
-"""Shared CLI flags and variant selection for the reproduce scripts (conventions.md §8)."""
+"""Shared CLI flags, variant selection and result-store provenance for the reproduce scripts."""
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
+import math
+import sys
 from pathlib import Path
 
 import torch
 
-from ..registry import get_attention_spec, list_attentions
+from ..envinfo import fingerprint
+from ..registry import get_attention_spec, list_attentions, resolved_options
+from ..results import ResultStore
 
 PRESETS = ("smoke", "paper")
 
 
-def base_parser(name: str, description: str, default_seeds: list[int] | None = None) -> argparse.ArgumentParser:
-    """Parser with the flags every reproduce script shares: device, preset, out, seeds, variants, flavour."""
-    p = argparse.ArgumentParser(
-        prog=f"reproduce/{name}.py", description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where the help text does not state its default already, so it shows once."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if "default" in text.lower() or flag or action.default in (None, argparse.SUPPRESS, []):
+            return text
+        return super()._get_help_string(action)
+
+
+def _number(raw: str, kind):
+    try:
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {'an int' if kind is int else 'a number'}, got {raw!r}") from None
+
+
+def positive_int(raw: str) -> int:
+    """argparse type: an int >= 1 (threads, workers, batches, steps ...)."""
+    v = _number(raw, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {raw!r}")
+    return v
+
+
+def non_negative_int(raw: str) -> int:
+    v = _number(raw, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {raw!r}")
+    return v
+
+
+def seed_int(raw: str) -> int:
+    """argparse type: a seed in 0 … 2**32 − 1 (what NumPy accepts)."""
+    v = _number(raw, int)
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"expected a seed in 0 … 2**32 − 1, got {raw!r}")
+    return v
+
+
+def non_negative_float(raw: str) -> float:
+    """argparse type: a finite float >= 0."""
+    v = _number(raw, float)
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {raw!r}")
+    return v
+
+
+def positive_float(raw: str) -> float:
+    v = non_negative_float(raw)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {raw!r}")
+    return v
+
+
+def cli_main(main):
+    """Decorator for a script's ``main(argv)``: a ValueError (our bad-input errors, whose message names the
+    argument) becomes one line ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead
+    of a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except ValueError as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+
+    return wrapped
+
+
+def base_parser(name: str, description: str, default_seeds: list[int] | None = None, *, seeds: bool = True,
+                variants: bool = True) -> argparse.ArgumentParser:
+    """Parser with the flags every reproduce script shares: device, preset, out, seeds, variants, flavour.
+
+    ``seeds=False`` / ``variants=False`` leave out ``--seeds`` / ``--variants`` and ``--flavour`` for scripts that
+    do not use them.
+    """
+    p = argparse.ArgumentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--preset", choices=PRESETS, default="smoke",
                    help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration")
     p.add_argument("--out", type=Path, default=Path("results") / name, help="output directory")
-    p.add_argument("--seeds", type=int, nargs="+", default=default_seeds or [0], help="random seeds")
-    p.add_argument("--variants", "--attn", dest="variants", default="*",
-                   help="comma-separated variant names or fnmatch wildcards (default: every registered variant)")
-    p.add_argument("--flavour", "--flavor", dest="flavour", choices=("paper", "damcha_repo", "both"), default="both",
-                   help="baseline flavour: the published method, the DAMCHA authors' version, or both")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    if seeds:
+        p.add_argument("--seeds", type=seed_int, nargs="+", default=default_seeds or [0],
+                       help="random seeds, each in 0 … 2**32 − 1")
+    if variants:
+        p.add_argument("--variants", "--attn", dest="variants", default="*",
+                       help="comma-separated variant names or fnmatch wildcards; * is every registered variant")
+        p.add_argument("--flavour", "--flavor", dest="flavour", choices=("paper", "damcha_repo", "both"),
+                       default="both", help="baseline flavour: the published method, the DAMCHA authors' version, "
+                                            "or both")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--fresh", action="store_true",
+                   help="recompute every cell; by default a cell already measured in --out with the same settings "
+                        "on the same kind of machine (device model, torch, threads, dtype) is reused")
     return p
+
+
+# Options that only pick which cells run or where they go, or whose effect the environment fingerprint records
+# (device, threads); everything else a script parses can change numbers.
+SELECTION_OPTIONS = ("out", "quiet", "fresh", "variants", "flavour", "seeds", "include", "device", "threads")
+
+
+def run_context(args: argparse.Namespace, device: torch.device | str, *, dtype: str = "float32",
+                selection: tuple[str, ...] = (), **config) -> dict:
+    """What besides a cell's own fields can change its numbers: every parsed option except the selection ones
+    (and ``selection``), the resolved configuration ``config`` (preset fields, overrides), the environment
+    fingerprint, and every registered attention's default options. The ResultStore keys cells by it."""
+    skip = set(SELECTION_OPTIONS) | set(selection)
+    return {"options": {k: v for k, v in sorted(vars(args).items()) if k not in skip},
+            "config": config, "environment": fingerprint(device, dtype),
+            "attention_defaults": {n: resolved_options(n) for n in list_attentions()}}
+
+
+def open_store(args: argparse.Namespace, name: str, device: torch.device | str, env: dict, **context_kw
+               ) -> ResultStore:
+    """The run's ResultStore under ``args.out`` keyed by ``run_context(args, device, **context_kw)``."""
+    return ResultStore(args.out, name, run_context(args, device, **context_kw), fresh=getattr(args, "fresh", False),
+                       env=env)
 
 
 def select_variants(spec: str) -> list[str]:
@@ -69,8 +179,16 @@ def setup_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
-def _parse_value(raw: str):
-    low = raw.lower()
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def _parse_value(raw: str, bool_option: bool = False):
+    """A ``key=value`` value: bool options take true/false/yes/no/1/0 only; otherwise int, float or string."""
+    low = raw.strip().lower()
+    if bool_option:
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise ValueError(f"expected true/false/yes/no/1/0, got {raw!r}")
     if low in ("true", "false"):
         return low == "true"
     for kind in (int, float):
@@ -79,6 +197,19 @@ def _parse_value(raw: str):
         except ValueError:
             pass
     return raw
+
+
+def _bool_options(name: str) -> set[str]:
+    """Options of attention ``name`` typed ``bool`` (constructor annotations; DAMCHA's generator config too)."""
+    from ..variants.base import _bool_params
+
+    spec = get_attention_spec(name)
+    out = {n for n, _ in _bool_params(getattr(spec.cls.__init__, "__wrapped__", spec.cls.__init__))}
+    if "hidden_dims" in spec.options:  # DAMCHA: options taken through its generator config
+        from ..variants.damcha_generator import MetricConfig
+
+        out |= {f.name for f in MetricConfig.__dataclass_fields__.values() if f.type == "bool"}
+    return out
 
 
 def parse_extra_configs(items: list[str]) -> list[tuple[str, dict, str]]:
@@ -94,7 +225,13 @@ def parse_extra_configs(items: list[str]) -> list[tuple[str, dict, str]]:
         if not sep or not pairs or any("=" not in kv for kv in pairs):
             raise ValueError(f"extra: expected name:key=value[,key=value], got {item!r}")
         get_attention_spec(name.strip())
-        options = {k.strip(): _parse_value(v.strip()) for k, v in (kv.split("=", 1) for kv in pairs)}
+        bools = _bool_options(name.strip())
+        options = {}
+        for k, v in (kv.split("=", 1) for kv in pairs):
+            try:
+                options[k.strip()] = _parse_value(v.strip(), k.strip() in bools)
+            except ValueError as exc:
+                raise ValueError(f"extra: {name.strip()}:{k.strip()}: {exc}") from None
         out.append((name.strip(), options, f"{name.strip()}[{rest}]"))
     return out
 

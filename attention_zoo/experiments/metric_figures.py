@@ -48,7 +48,7 @@ def block_gradient_norms(model: nn.Module, loss_fn) -> dict[str, Tensor]:
     outputs: dict[str, list[Tensor]] = {}
     hooks = []
     for name, gen in generators(model):
-        if gen.cfg.compact_rank or gen.cfg.off_diag_mode != "mlp" or gen.collapsed:
+        if gen.cfg.compact_rank or gen.metric_mode != "mlp" or gen.collapsed:
             raise ValueError(f"model: generator {name} does not output M directly (mlp mode, full D² output needed)")
 
         def keep(_mod, _inp, out, name=name):

@@ -33,7 +33,7 @@ from ..report import line_plot, markdown_table, write_tables
 from ..results import ResultStore
 from ..variants.damcha import set_block_scales
 from ..variants.damcha_generator import adam_param_groups
-from .common import base_parser, setup_threads
+from .common import base_parser, cli_main, open_store, setup_threads
 
 PRESETS = {
     # d_model/heads/layers of the trained char-LM, steps of each training section, cost-section shapes
@@ -98,8 +98,9 @@ def _train_pair(p: dict, sampler, steps: int, clip: float | None, scale_eps: boo
             pair.append(loss.item())
         gaps.append(abs(pair[0] - pair[1]))
         losses.append(pair)
-    probe = torch.randn(8, p["d_model"], dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-    ms = [m.stack.shared.metric_fn(None, None)(m.stack.shared.trunk(probe)) for m in models]
+    # One-token inputs: each probe row is its own context, so the metrics are f_θ(probe) summed by block row.
+    probe = torch.randn(8, 1, p["d_model"], dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    ms = [m.stack.shared.head_metrics(probe, causal=False) for m in models]
     rel_m = float((ms[0] - ms[1]).detach().norm() / ms[0].detach().norm())
     return gaps, losses, rel_m
 
@@ -139,17 +140,16 @@ def diag_vs_full(p: dict, sampler, val_batches, progress: bool) -> list[dict]:
     model = _char_model(p)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     gen = model.stack.shared
-    probe = torch.randn(32, p["d_model"], generator=torch.Generator().manual_seed(3)) * 0.5
+    probe = torch.randn(32, 1, p["d_model"], generator=torch.Generator().manual_seed(3)) * 0.5
     checkpoints = sorted({round(p["diag_steps"] * k / (p["probes"] - 1)) for k in range(p["probes"])})
     rows = []
     for step in tqdm(range(p["diag_steps"] + 1), desc="diag vs full/H", disable=not progress, leave=False):
         if step in checkpoints:
             model.eval()
             with torch.no_grad():
-                z = gen.trunk(probe)
-                m_full = gen.metric_fn(None, None)(z)
+                m_full = gen.head_metrics(probe, causal=False)
                 set_block_scales(model, 1.0, 0.0)
-                m_diag = gen.metric_fn(None, None)(z)
+                m_diag = gen.head_metrics(probe, causal=False)
                 set_block_scales(model, 1.0, 1.0)
             rel = float((m_diag - m_full / H).norm() / (m_full / H).norm())
             rel_full = float((m_diag - m_full).norm() / m_full.norm())
@@ -204,7 +204,8 @@ def run(args) -> dict:
     p["vocab"] = corpus.vocab_size
     sampler = WindowSampler(corpus.train, p["context"], p["batch"], seed=0)
     val = [WindowSampler([corpus.val["shakespeare"]], p["context"], p["batch"], seed=1)(i) for i in range(4)]
-    store = ResultStore(args.out, "rowsum_analysis")
+    store = open_store(args, "rowsum_analysis", device, environment_record(device, preset=args.preset),
+                       selection=("sections",), settings=p)
     sections = {"gradient_identity": lambda: gradient_identity(p, sampler),
                 "equivalence": lambda: equivalence(p, corpus),
                 "diag_vs_full": lambda: diag_vs_full(p, sampler, val, not args.quiet),
@@ -214,7 +215,7 @@ def run(args) -> dict:
         if name not in sections:
             raise ValueError(f"sections: unknown {name!r}; available: {', '.join(sections)}")
         cell = {"section": name, "preset": args.preset, "device": str(device)}
-        if store.is_done(cell):
+        if not store.claim(cell):
             print(f"skip {name} (done)")
             continue
         t0 = time.perf_counter()
@@ -227,7 +228,7 @@ def run(args) -> dict:
 
 def write_report(store: ResultStore, args, device) -> dict:
     df = store.frame()
-    env = environment_record(device, preset=args.preset)
+    env = store.environment(environment_record(device, preset=args.preset), df)
     summary = df[df["section"] != "diag_vs_full"].copy()
     cols = [c for c in ("section", "config", "causal", "metric", "value", "unit") if c in summary]
     wide = summary[cols]
@@ -248,8 +249,9 @@ def write_report(store: ResultStore, args, device) -> dict:
     return paths
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser("rowsum_analysis", __doc__.split("\n\n")[0])
+    p = base_parser("rowsum_analysis", __doc__.split("\n\n")[0], seeds=False, variants=False)  # DAMCHA only
     p.add_argument("--sections", default="gradient_identity,equivalence,diag_vs_full,costs",
                    help="comma-separated sections to run")
     run(p.parse_args(argv))

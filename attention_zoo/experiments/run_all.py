@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .common import HelpFormatter, cli_main
 from .results_index import build_index
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "reproduce"
@@ -18,10 +19,11 @@ SCRIPTS = ("table2_efficiency", "table7_complexity", "synthetic", "table5_gpt2",
            "rowsum_analysis")
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", choices=("smoke", "paper"), default="smoke")
+                                formatter_class=HelpFormatter)
+    p.add_argument("--preset", choices=("smoke", "paper"), default="smoke", help="preset of every script")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
     p.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of the scripts")

@@ -47,7 +47,17 @@ from ..measure.status import free_memory, is_oom, short_message
 from ..models import AttentionStack, StackConfig
 from ..registry import split_options
 from ..results import ResultStore
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from ..workers import die_with_parent
+from .common import (
+    base_parser,
+    cli_main,
+    non_negative_float,
+    open_store,
+    positive_int,
+    select_variants,
+    setup_threads,
+    variant_flavours,
+)
 
 NAME = "synthetic"
 REFERENCE = "mha"
@@ -205,7 +215,8 @@ def _guarded_cell(cell: dict, preset: Preset, device: str) -> tuple[dict, list[d
         return cell, None, short_message(exc)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
+    die_with_parent(parent)  # a killed parent leaves no worker behind
     torch.set_num_threads(threads)
 
 
@@ -244,14 +255,14 @@ def _tasks(args) -> tuple[str, ...]:
 def run_cells(cells: list[dict], store: ResultStore, preset: Preset, device: torch.device, workers: int,
               threads: int, quiet: bool) -> list[str]:
     """Run the unfinished cells, storing each as it completes; returns the error messages of failed cells."""
-    todo = [c for c in cells if not store.is_done(c)]
+    todo = [c for c in cells if store.claim(c)]  # not done, and not being run by another process on this --out
     errors: list[str] = []
-    bar = None
 
-    def finish(cell, rows, err):
+    def finish(cell, rows, err, bar):
         if rows is not None:
             store.add(cell, rows)
         else:
+            store.release(cell)
             errors.append(f"{cell['task']}/{cell['variant']}/{cell['flavor']}/λ={cell['lam']}/d_e={cell['d_e']}"
                           f"/seed {cell['seed']}: {err}")
         bar.update(1)
@@ -259,25 +270,34 @@ def run_cells(cells: list[dict], store: ResultStore, preset: Preset, device: tor
     def progress():
         return tqdm(total=len(cells), initial=len(cells) - len(todo), desc=NAME, disable=quiet, unit="cell")
 
+    try:
+        _run_todo(todo, finish, progress, preset, device, workers, threads)
+    finally:  # claims of cells not run (Ctrl-C, a crash) go back
+        for cell in todo:
+            store.release(cell)
+    return errors
+
+
+def _run_todo(todo, finish, progress, preset, device, workers, threads) -> None:
     if workers <= 1 or len(todo) <= 1:
         bar = progress()
         for cell in todo:
-            finish(*_guarded_cell(cell, preset, str(device)))
+            finish(*_guarded_cell(cell, preset, str(device)), bar)
+        bar.close()
     else:
         # fork (Linux, CPU) skips re-importing torch in every worker; CUDA needs spawn. Workers start before
         # tqdm's monitor thread.
         method = "fork" if sys.platform == "linux" and device.type == "cpu" else "spawn"
         pool = ProcessPoolExecutor(workers, mp_context=get_context(method), initializer=_init_worker,
-                                   initargs=(threads,))
+                                   initargs=(threads, os.getpid()))
         try:
             futures = [pool.submit(_guarded_cell, c, preset, str(device)) for c in todo]
             bar = progress()
             for fut in as_completed(futures):
-                finish(*fut.result())
+                finish(*fut.result(), bar)
+            bar.close()
         finally:  # on Ctrl-C the finished cells are already stored; queued ones are dropped
             pool.shutdown(wait=True, cancel_futures=True)
-    bar.close()
-    return errors
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -402,8 +422,10 @@ def paper_comparison(df: pd.DataFrame, gains: pd.DataFrame) -> tuple[pd.DataFram
     return report.comparison_frame(entries), pd.DataFrame(statements)
 
 
-def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    df = store.frame()
+def write_report(out: Path, store: ResultStore, env: dict, tag: str, cells: list[dict] | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tables and figures of this context's cells (``cells``: only those; default: every cell of this context)."""
+    df = store.frame(cells)
     if df.empty:
         return pd.DataFrame(), pd.DataFrame()
     df = df[df["config"] == tag].copy()
@@ -429,7 +451,8 @@ def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> tuple[pd
     notes += ["## Test MSE (regression) and accuracy (classification), seed means"]
     wide = _wide(df)
     best = {c: ("min" if c.endswith("MSE") else "max") for c in wide.columns if c.startswith(("λ", "d_e"))}
-    report.write_tables(out, NAME, df, wide, env, "Appendix I, Figures 12–13: synthetic sweeps", "\n\n".join(notes),
+    report.write_tables(out, NAME, df, wide, store.environment(env, df), "Appendix I, Figures 12–13: synthetic sweeps",
+                        "\n\n".join(notes),
                         best=best, comparison=comp)
     _figures(out, df, gains)
     return comp, statements
@@ -464,16 +487,16 @@ def build_parser():
     p = base_parser(NAME, "Appendix I, Figures 12–13: synthetic regression (λ sweep) and classification (d_e "
                           "sweep), every registered attention, paired by seed.", default_seeds=[0, 1, 2, 3, 4])
     p.set_defaults(flavour="paper")
-    p.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=None,
-                   help="regression cross-term weights λ (default: the preset's grid; smoke 0.2 1, paper 0 … 1 "
-                        "step 0.2). Naming it alone runs only the regression sweep")
-    p.add_argument("--de", type=int, nargs="+", default=None,
+    p.add_argument("--lambda", dest="lambdas", type=non_negative_float, nargs="+", default=None,
+                   help="regression cross-term weights λ, each finite and >= 0 (default: the preset's grid; "
+                        "smoke 0.2 1, paper 0 … 1 step 0.2). Naming it alone runs only the regression sweep")
+    p.add_argument("--de", type=positive_int, nargs="+", default=None,
                    help="classification subspace widths d_e, D = 4·d_e (default 4 8 12 16 20). Naming it alone "
                         "runs only the classification sweep")
     p.add_argument("--task", choices=("auto", "regression", "classification", "both"), default="auto",
                    help="auto: the sweeps named by --lambda/--de, or both when neither is named")
-    p.add_argument("--steps", type=int, default=None, help="override the preset's optimizer steps")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="parallel worker processes, one cell each (default: CPU cores up to 8 on cpu, 1 on cuda)")
     p.epilog = ("Defaults: every registered variant, baselines in the paper flavour (--flavour both adds the "
                 "damcha_repo versions), seeds 0-4. Example: python reproduce/synthetic.py --lambda 0.2 1.0")
@@ -495,16 +518,17 @@ def run(args) -> int:
     threads = args.threads or max(1, cpus // workers)
     setup_threads(threads)
     out, tag = Path(args.out), config_tag(args.preset, preset)
-    store = ResultStore(out, NAME)
-    n_todo = sum(not store.is_done(c) for c in cells)
+    env = environment_record(device, preset=args.preset, config=tag, workers=workers, threads_per_worker=threads,
+                             preset_config=asdict(preset))
+    store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task"), workers=workers,
+                       preset=asdict(preset))
+    n_todo = len(store.pending(cells))
     try:
         errors = run_cells(cells, store, preset, device, workers, threads, args.quiet)
     except KeyboardInterrupt:
         print(f"{NAME}: interrupted; finished cells are stored in {store.path}, rerun to continue", file=sys.stderr)
         return 130
-    env = environment_record(device, preset=args.preset, config=tag, workers=workers, threads_per_worker=threads,
-                             preset_config=asdict(preset))
-    comp, statements = write_report(out, store, env, tag)
+    comp, statements = write_report(out, store, env, tag)  # every cell of this context: sweeps accumulate
     print(report.format_comparison(comp, floatfmt=".2f"))
     for r in statements.itertuples():
         print(f"{r.statement:<48} paper: {r.paper:<4} ours: {r.ours}")
@@ -515,5 +539,6 @@ def run(args) -> int:
     return int(bool(errors))
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -30,12 +30,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .. import report
-from ..engine import parse_overrides
+from ..engine import parse_overrides, result_identity
 from ..envinfo import environment_record, resolve_device
 from ..metrics import images as mi
 from ..metrics import text as mt
-from ..results import ResultStore, cell_id
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from ..results import ResultStore
+from .common import base_parser, cli_main, open_store, positive_int, select_variants, setup_threads, variant_flavours
 from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions, train_and_score
 
 NAME = "table1_generation"
@@ -86,9 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--image-task", choices=("patch", "pixel"), default="patch",
                    help="patch: the authors' masked 4×4-patch reconstruction; pixel: autoregressive RGB332 tokens")
     p.add_argument("--pixel-mode", choices=("rgb332", "gray", "channels"), default="rgb332", help="pixel tokens")
-    p.add_argument("--image-size", type=int, default=32, help="digits only: image side (CIFAR is 32)")
-    p.add_argument("--steps", type=int, default=None, help="override the optimizer steps of every cell")
-    p.add_argument("--eval-samples", type=int, default=None, help="images / text examples scored (default: preset)")
+    p.add_argument("--image-size", type=positive_int, default=32, help="digits only: image side (CIFAR is 32)")
+    p.add_argument("--steps", type=positive_int, default=None, help="override the optimizer steps of every cell")
+    p.add_argument("--eval-samples", type=positive_int, default=None,
+                   help="images / text examples scored (default: preset)")
     p.add_argument("--fid-extractor", default=mi.DEFAULT_EXTRACTOR,
                    help=f"torch-fidelity feature extractor; {TINY_EXTRACTOR} is a random 16-d net for tests only")
     p.add_argument("--tokenizer", default="auto", help="bytes, a local HF tokenizer, or auto (the authors' "
@@ -127,10 +128,15 @@ def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None 
 def run_cells(ctx: Context, store: ResultStore, cells: list[dict], fn) -> int:
     """Run unfinished cells with ``fn(cell) -> rows | None`` (None: interrupted, resumable); exit code."""
     for cell in tqdm(cells, desc=ctx.name, disable=ctx.quiet, leave=False):
-        if store.is_done(cell):
+        if not store.claim(cell):  # done, or being run by another process on this --out
             continue
-        rows = fn(cell)
+        try:
+            rows = fn(cell)
+        except BaseException:
+            store.release(cell)
+            raise
         if rows is None:
+            store.release(cell)
             print(f"{ctx.name}: interrupted; rerun the same command to resume from {ctx.run_dir(cell)}",
                   file=sys.stderr)
             return 130
@@ -143,14 +149,17 @@ def run_cells(ctx: Context, store: ResultStore, cells: list[dict], fn) -> int:
     return 0
 
 
-def frame_of(store: ResultStore, cells: list[dict]) -> pd.DataFrame:
-    """The long frame of this run's cells only (the store may also hold cells of other configurations)."""
-    ids = {cell_id(c) for c in cells}
-    df = pd.DataFrame([{**rec["cell"], **row} for rec in store.records() if rec["cell_id"] in ids
-                       for row in rec["rows"]])
-    if not df.empty and "status" not in df:
-        df["status"] = "ok"
-    return df
+def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
+    """The generation tables' store: cells keyed by every option that can change them and the environment."""
+    return open_store(args, ctx.name, ctx.device, environment(ctx, clock),
+                      selection=("datasets", "settings", "depths", "keep_checkpoints", "download", "data_dir", "train"),
+                      train_overrides=result_identity(ctx.train_overrides))
+
+
+def frame_and_env(store: ResultStore, cells: list[dict], ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
+    """The long frame of this run's cells only, and the environment record naming every run behind it."""
+    df = store.frame(cells)
+    return df, store.environment(environment(ctx, clock), df)
 
 
 def flat_wide(df: pd.DataFrame, index: list[str], columns: list[str]) -> pd.DataFrame:
@@ -243,13 +252,13 @@ def paper_comparison(df: pd.DataFrame) -> pd.DataFrame:
         ds, note = where(pds)
         if ds in present:
             entries += [{"what": f"{pds} {metric} {v}", "paper": p, "ours": vals.get((ds, v, metric), math.nan),
-                         "note": note} for v, p in per.items()]
+                         "note": note, "source": (ds, v, metric)} for v, p in per.items()]
     for pds, metric, ref, paper in RELATIVE:
         ds, note = where(pds)
         if ds in present:
             ours = pct(vals.get((ds, "damcha", metric)), vals.get((ds, ref, metric)))
             entries.append({"what": f"{pds} {metric}: damcha vs {ref} (%)", "paper": paper, "ours": ours,
-                            "note": note})
+                            "note": note, "source": (ds, ref, metric)})
     return report.comparison_frame(entries)
 
 
@@ -290,16 +299,17 @@ def run(args) -> int:
     """Train and score every (dataset, variant, flavour, seed) cell; exit code 130 when interrupted (resumable)."""
     setup_threads(args.threads)
     clock, ctx = Clock(), make_context(args, NAME)
+    store = open_cell_store(args, ctx, clock)  # validates --out before any work
     pairs = variant_flavours(select_variants(args.variants), args.flavour)
     cells = [ctx.cell(ds, v, f, "default", s) for ds in datasets_of(ctx, args.datasets) for v, f in pairs
              for s in args.seeds]
-    store = ResultStore(ctx.out, NAME)
     code = run_cells(ctx, store, cells, lambda c: train_and_score(ctx, c))
-    comp = write_report(ctx, frame_of(store, cells), environment(ctx, clock))
+    comp = write_report(ctx, *frame_and_env(store, cells, ctx, clock))
     print(comparison_text(comp))
     print(clock.line(NAME))
     return code
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

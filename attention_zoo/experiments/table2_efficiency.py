@@ -17,6 +17,7 @@ paper model; attention-only and whole-model parameters.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,19 +27,33 @@ from tqdm import tqdm
 
 from ..envinfo import environment_record, resolve_device
 from ..measure import (
+    LOAD_KEYS,
     ForkServers,
     build_workload,
+    check_consistency,
     count_flops,
     count_params,
     guarded,
     measure_memory_many,
     measure_model_latency,
     memory_item,
+    warn_unstable,
     workload_spec,
 )
-from ..report import barh_plot, comparison_frame, format_comparison, write_tables
-from ..results import ResultStore
-from .common import add_extra_argument, base_parser, select_variants, setup_threads, variant_configs
+from ..registry import resolved_options
+from ..report import UNSTABLE_MARK, barh_plot, comparison_frame, format_comparison, mark_values, write_tables
+from .common import (
+    add_extra_argument,
+    base_parser,
+    cli_main,
+    non_negative_int,
+    open_store,
+    positive_float,
+    positive_int,
+    select_variants,
+    setup_threads,
+    variant_configs,
+)
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -61,12 +76,16 @@ MODELS = {"smoke": dict(model="compact", d_model=128, n_heads=8, d_ff=256, n_lay
 
 
 def plan(args, device: torch.device) -> dict:
-    """Model, batch and timing for the preset and device; command-line overrides win."""
+    """Model, batch and timing for the preset and device; command-line overrides win. Repeats adapt to a minimum
+    timed duration (``min_time_s``, at least ``min_repeats`` calls) unless ``--repeats`` fixes them."""
     cuda, smoke = device.type == "cuda", args.preset == "smoke"
+    quick = smoke and not cuda
     return {**MODELS[args.preset], "vocab_size": args.vocab_size,
             "batch": args.batch if args.batch else (None if cuda or not smoke else 1),  # None: the paper's batch
             "warmup": args.warmup if args.warmup is not None else (10 if cuda else 1 if smoke else 3),
-            "repeats": args.repeats if args.repeats is not None else (30 if cuda else 3 if smoke else 10)}
+            "repeats": args.repeats,
+            "min_time_s": args.min_time if args.min_time is not None else (0.25 if quick else 1.0),
+            "min_repeats": 5 if quick else 10}
 
 
 def decoder_spec(variant: str, flavour: str, setting: Setting, cfg: dict, batch: int, options: dict | None = None
@@ -94,22 +113,29 @@ def memory_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def latency_rows(spec: dict, device: torch.device, cfg: dict) -> list[dict]:
-    rows = []
-    for mode, tag in (("forward", "fwd"), ("fwd_bwd", "fwd_bwd")):
+def latency_rows(spec: dict, device: torch.device, cfg: dict, label: str = "") -> list[dict]:
+    """Median/IQR/mean rows (with the noise guard's verdict and load) and raw per-repeat rows of both modes."""
+    rows, results = [], {}
+    for mode in ("forward", "fwd_bwd"):
         def measure(mode=mode):
             wl = build_workload(spec, device)
-            return {"lat": measure_model_latency(wl, mode, device, cfg["warmup"], cfg["repeats"])}
+            return {"lat": measure_model_latency(wl, mode, device, cfg["warmup"], cfg["repeats"],
+                                                 min_time_s=cfg["min_time_s"], min_repeats=cfg["min_repeats"])}
 
-        res = guarded(measure, device)
+        results[mode] = guarded(measure, device)
+    if all(r["status"] == "ok" for r in results.values()):
+        check_consistency(results["forward"]["lat"], results["fwd_bwd"]["lat"])
+    for (mode, res), tag in zip(results.items(), ("fwd", "fwd_bwd")):
         if res["status"] != "ok":
             rows += [_row(f"latency_{tag}_{s}_ms", None, "ms", res["status"], res["message"], mode=mode)
                      for s in ("median", "q25", "q75", "mean")]
             continue
         lat = res["lat"]
+        warn_unstable(f"{label} {tag}".strip(), lat)
+        guard = {"threads": lat.threads, "repeats": lat.repeats, "unstable": lat.unstable,
+                 "unstable_reason": lat.unstable_reason, **{k: lat.load.get(k) for k in LOAD_KEYS}}
         for stat in ("median", "q25", "q75", "mean"):
-            rows.append(_row(f"latency_{tag}_{stat}_ms", getattr(lat, f"{stat}_ms"), "ms", mode=mode,
-                             threads=lat.threads))
+            rows.append(_row(f"latency_{tag}_{stat}_ms", getattr(lat, f"{stat}_ms"), "ms", mode=mode, **guard))
         rows += [_row(f"latency_{tag}_raw_ms", t, "ms", mode=mode, repeat=i) for i, t in enumerate(lat.times_ms)]
     return rows
 
@@ -132,12 +158,13 @@ def flop_param_rows(variant: str, spec: dict, setting: Setting, device: torch.de
 
 
 def run_cell(variant: str, flavour: str, setting: Setting, cfg: dict, device: torch.device, counters,
-             servers: ForkServers | None, batch: int, options: dict | None = None) -> list[dict]:
+             servers: ForkServers | None, batch: int, options: dict | None = None, label: str | None = None
+             ) -> list[dict]:
     spec = decoder_spec(variant, flavour, setting, cfg, batch, options)
     items = [memory_item(spec, mode, optimizer_in_region=True, threads=torch.get_num_threads())
              for mode in ("forward", "train")]
     rows = memory_rows(measure_memory_many(items, device, servers=servers))
-    rows += latency_rows(spec, device, cfg)
+    rows += latency_rows(spec, device, cfg, f"{label or variant}/{flavour} T={setting.seq_len}")
     fp = guarded(lambda: {"rows": flop_param_rows(variant, spec, setting, device, counters)}, device)
     rows += fp["rows"] if fp["status"] == "ok" else [_row("fwd_gflops_analytic", None, "GFLOP", fp["status"],
                                                           fp["message"])]
@@ -188,6 +215,7 @@ def wide_frame(df: pd.DataFrame) -> pd.DataFrame:
                          "fwd+bwd IQR ms", *WIDE_COLUMNS.values()] if c in wide]
     rest = [c for c in wide.columns if c not in INDEX and c not in order]
     wide = wide[INDEX + list(dict.fromkeys(order)) + rest]
+    wide["timing"] = _timing_notes(df, wide)
     failed = df[df["status"] != "ok"]
     for _, r in failed.iterrows():  # human tables: "skipped (OOM)" instead of a number
         col = WIDE_COLUMNS.get(r["metric"])
@@ -199,7 +227,36 @@ def wide_frame(df: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values(["seq_len", "variant", "flavour"]).reset_index(drop=True)
 
 
-def paper_comparison(df: pd.DataFrame, preset: str) -> pd.DataFrame:
+LATENCY_COLUMNS = {"fwd": "fwd ms (median)", "fwd_bwd": "fwd+bwd ms (median)"}
+
+
+def _unstable(df: pd.DataFrame) -> pd.DataFrame:
+    """The median-latency rows the noise guard marked unstable."""
+    if "unstable" not in df:
+        return df.iloc[0:0]
+    med = df[df["metric"].isin([f"latency_{m}_median_ms" for m in LATENCY_COLUMNS])]
+    return med[med["unstable"].astype(str).str.lower() == "true"]
+
+
+def _timing_notes(df: pd.DataFrame, wide: pd.DataFrame) -> pd.Series:
+    notes = {}
+    for _, r in _unstable(df).iterrows():
+        key = (r["setting"], r["variant"], r["flavour"])
+        tag = r["metric"].removeprefix("latency_").removesuffix("_median_ms")
+        notes.setdefault(key, []).append(f"{tag} unstable: {r['unstable_reason']}")
+    return wide.apply(lambda w: "; ".join(notes.get((w["setting"], w["variant"], w["flavour"]), [])), axis=1)
+
+
+def unstable_marks(df: pd.DataFrame) -> dict[tuple, set[str]]:
+    """{(setting, seq_len, batch, variant, flavour): {wide latency column}} for the markdown's † marks."""
+    marks: dict[tuple, set[str]] = {}
+    for _, r in _unstable(df).iterrows():
+        tag = r["metric"].removeprefix("latency_").removesuffix("_median_ms")
+        marks.setdefault(tuple(r[k] for k in INDEX), set()).add(LATENCY_COLUMNS[tag])
+    return marks
+
+
+def paper_comparison(df: pd.DataFrame, preset: str, device: torch.device | None = None) -> pd.DataFrame:
     entries = [{"what": f"{m.upper()} {d} GFLOPs (authors' model)", "paper": v, "ours": paper_gflops(m, T)}
                for (m, d, T), v in PAPER_QUOTED_GFLOPS.items()]
     ok = df[(df["status"] == "ok")] if not df.empty else df
@@ -216,8 +273,10 @@ def paper_comparison(df: pd.DataFrame, preset: str) -> pd.DataFrame:
             va = mem[mem["variant"] == a].sort_values("flavour")  # damcha_repo sorts first: the paper's baselines
             vb = mem[mem["variant"] == b]
             if not va.empty and not vb.empty:
+                kind = "CPU peak RSS" if va["metric"].iloc[0].endswith("rss_mib") else "GPU allocation"
                 entries.append({"what": f"{a.upper()}/{b.upper()} train memory, CIFAR ({va['flavour'].iloc[0]})",
-                                "paper": v, "ours": float(va["value"].iloc[0] / vb["value"].iloc[0])})
+                                "paper": v, "ours": float(va["value"].iloc[0] / vb["value"].iloc[0]),
+                                "note": f"ours: {kind} ratio; paper: GPU allocation ratio"})
     return comparison_frame(entries)
 
 
@@ -226,17 +285,33 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
     if ok.empty:
         return []
     ok["row"] = ok["variant"] + "/" + ok["flavour"]
-    groups = {"memory": (ok["unit"] == "MiB", "peak MiB"),
-              "latency": (ok["metric"].isin(["latency_fwd_median_ms", "latency_fwd_bwd_median_ms"]), "median ms"),
-              "gflops": (ok["unit"].isin(["GFLOP", "GMAC"]), "GFLOPs / GMACs (batch 1)")}
+    groups = {"memory": (ok["unit"] == "MiB", "peak memory, MiB"),
+              "latency": (ok["metric"].isin(["latency_fwd_median_ms", "latency_fwd_bwd_median_ms"]),
+                          "median latency, ms"),
+              "gflops": (ok["unit"] == "GFLOP", "forward GFLOP (batch 1)"),  # GMACs get no shared axis
+              "gmacs": (ok["unit"] == "GMAC", "forward GMAC, fvcore (batch 1)")}
     paths = []
     for setting, sub in ok.groupby("setting"):
         for kind, (mask, ylabel) in groups.items():
             part = sub[mask.loc[sub.index]]
             if not part.empty:
                 name = f"{NAME}_{kind}_{setting.split('/')[0].lower()}.png"
-                paths.append(barh_plot(part, "row", "value", "metric", out / name, f"{setting}: {kind}", ylabel))
+                paths.append(barh_plot(part, "row", "value", "metric", out / name, f"{setting}: {kind}", ylabel,
+                                       flag="unstable" if kind == "latency" else None))
     return paths
+
+
+def _timing_rule(cfg: dict) -> str:
+    if cfg["repeats"]:
+        return f"{cfg['repeats']} timed iterations"
+    return f"at least {cfg['min_repeats']} timed iterations and {cfg['min_time_s']:g} s"
+
+
+def _marks_note(marks: dict) -> str:
+    if not marks:
+        return ""
+    return (f" {UNSTABLE_MARK} = timing marked unstable by the noise guard (IQR/median > 10 % or a busy machine; "
+            "the `timing` column and the long CSV's `unstable_reason` say why).")
 
 
 def notes(cfg: dict, device: torch.device, counters) -> str:
@@ -244,7 +319,7 @@ def notes(cfg: dict, device: torch.device, counters) -> str:
     return (f"Model: {cfg['model']} decoder (D={cfg['d_model']}, H={cfg['n_heads']}, d_ff={cfg['d_ff']}, "
             f"N={cfg['n_layers']}; post-LN, sinusoidal positions, dropout 0.1, vocab {cfg['vocab_size']}); "
             f"DAMCHA: stack-shared default generator, hidden (256, 512). Device {device}; {batch}; latency: "
-            f"{cfg['warmup']} warm-up + {cfg['repeats']} timed iterations, median (q25–q75 in the long CSV). "
+            f"{cfg['warmup']} warm-up, then {_timing_rule(cfg)}, median (q25–q75 in the long CSV). "
             "Memory: increment over the baseline (model and inputs built) of one eval forward / one training step "
             "(forward, backward, AdamW created inside the region); CUDA max_memory_allocated (reserved also "
             "shown), CPU peak RSS of a fresh forked process (not comparable with CUDA). GFLOPs: forward at batch 1; "
@@ -255,15 +330,20 @@ def notes(cfg: dict, device: torch.device, counters) -> str:
 
 
 def build_parser():
-    p = base_parser(NAME, "Table 2: memory, latency, GFLOPs and parameters of every registered attention.")
+    p = base_parser(NAME, "Table 2: memory, latency, GFLOPs and parameters of every registered attention.",
+                    seeds=False)
     p.add_argument("--settings", default="cifar,commongen,wmt", help="comma-separated: cifar, commongen, wmt")
-    p.add_argument("--batch", type=int, default=None, help="override every setting's batch")
-    p.add_argument("--warmup", type=int, default=None, help="latency warm-up iterations")
-    p.add_argument("--repeats", type=int, default=None, help="latency timed iterations")
-    p.add_argument("--vocab-size", type=int, default=256, help="decoder vocabulary (byte-level)")
+    p.add_argument("--batch", type=positive_int, default=None, help="override every setting's batch")
+    p.add_argument("--warmup", type=non_negative_int, default=None, help="latency warm-up iterations")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="latency: a fixed number of timed iterations (default: adaptive, see --min-time)")
+    p.add_argument("--min-time", type=positive_float, default=None,
+                   help="latency: time at least this many seconds per measurement (default 0.25 for the smoke "
+                        "preset on CPU, else 1.0) and at least 5 (smoke CPU) or 10 iterations")
+    p.add_argument("--vocab-size", type=positive_int, default=256, help="decoder vocabulary (byte-level)")
     p.add_argument("--counters", default="fvcore,flop_counter",
                    help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
-    p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
+    p.add_argument("--memory-workers", type=positive_int, default=2, help="CPU: concurrent memory-measuring processes")
     add_extra_argument(p)
     return p
 
@@ -279,34 +359,42 @@ def run(args) -> int:
         raise ValueError(f"settings: unknown {', '.join(unknown)}; available: {', '.join(s.key for s in SETTINGS)}")
     settings = [s for s in SETTINGS if s.key in keys]
     configs = variant_configs(select_variants(args.variants), args.flavour, args.extra)
-    store = ResultStore(args.out, NAME)
+    env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
+                             model=cfg["model"], counters=list(counters))
+    store = open_store(args, NAME, device, env, selection=("settings", "extra"), **cfg)
     cells, attention_of = [], {}
     for s in settings:
         for name, f, options, label in configs:
             batch = cfg["batch"] or s.batch
+            opts = resolved_options(name, {"flavor": f, **options})
             cell = {"variant": label, "flavour": f, "setting": s.label, "seq_len": s.seq_len, "batch": batch,
                     "preset": args.preset, "model": cfg["model"], "device": device.type,
-                    "repeats": cfg["repeats"], "counters": ",".join(counters)}
+                    "attention_options": json.dumps(opts, sort_keys=True, default=str), "counters": ",".join(counters)}
             cells.append((cell, s))
             attention_of[label] = (name, options)
     todo = [(c, s) for c, s in cells if not store.is_done(c)]
     if not args.quiet:
-        print(f"{len(cells)} cells, {len(cells) - len(todo)} already done; {notes(cfg, device, counters)[:160]}…")
+        print(f"{len(cells)} cells, {len(cells) - len(todo)} already measured here with these settings; "
+              f"{notes(cfg, device, counters)[:160]}…")
     with ForkServers(args.memory_workers) as servers:
         for cell, s in tqdm(todo, desc=NAME, disable=args.quiet):
+            if not store.claim(cell):  # done or being measured by another process on this --out
+                continue
             name, options = attention_of[cell["variant"]]
-            rows = run_cell(name, cell["flavour"], s, cfg, device, counters,
-                            servers if device.type == "cpu" else None, cell["batch"], options)
+            try:
+                rows = run_cell(name, cell["flavour"], s, cfg, device, counters,
+                                servers if device.type == "cpu" else None, cell["batch"], options, cell["variant"])
+            except BaseException:
+                store.release(cell)
+                raise
             store.add(cell, rows)
-    done = {_cell_key(c) for c, _ in cells}
-    df = store.frame()
-    df = df[df.apply(lambda r: _cell_key(r) in done, axis=1)] if not df.empty else df
+    df = store.frame([c for c, _ in cells])
     wide = wide_frame(df)
-    comp = paper_comparison(df, args.preset)
-    env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
-                             model=cfg["model"], counters=list(counters))
-    write_tables(args.out, NAME, df, wide, env, "Table 2: efficiency", notes(cfg, device, counters),
-                 comparison=comp)
+    comp = paper_comparison(df, args.preset, device)
+    marks = unstable_marks(df)
+    write_tables(args.out, NAME, df, wide, store.environment(env, df), "Table 2: efficiency",
+                 notes(cfg, device, counters) + _marks_note(marks), comparison=comp,
+                 md_df=mark_values(wide, marks, INDEX))
     plots(df, Path(args.out))
     if not args.quiet:
         print(format_comparison(comp))
@@ -314,12 +402,7 @@ def run(args) -> int:
     return 0
 
 
-def _cell_key(row) -> tuple:
-    """The identity of a cell among this run's cells (rows of other presets/devices in the store are left out)."""
-    return tuple(str(row[k]) for k in ("variant", "flavour", "setting", "batch", "preset", "device", "repeats",
-                                      "counters"))
-
-
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 

@@ -8,7 +8,8 @@ is the most likely reading of the paper's "layer" (repo run names ``mlp_shared_d
 (1/H, 1/H). The last one checks the derived property of variants.md §7.4: under RowSum the H blocks of a block row
 get identical gradients, so once training dominates the initialisation diagonal-only ≈ the full metric scaled by
 1/H (a softmax temperature change). Quoted [Q]: full 58.64 at depth 9 and 77.97 at depth 1; the best
-diagonal-only, 98.703, is worse than the weakest full; off-diagonal-only is worse than both.
+diagonal-only, 98.703, is worse than the weakest full; off-diagonal-only is worse than both. Block scales act on
+the generated metric only, as in the DAMCHA authors' code; a static M0 (``use_mlp=False``) takes none.
 
 Smoke: digits (patch task), depths {1, 2, 3} (``--depths``), 100 scored images per inference row.
 """
@@ -23,10 +24,9 @@ import pandas as pd
 
 from .. import report
 from ..registry import get_attention_spec
-from ..results import ResultStore
 from ..variants.damcha import set_block_scales
 from . import table1_generation as t1
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import IMAGE_SETS, train_and_score
 
 NAME = "table3_depth_blocks"
@@ -141,6 +141,7 @@ def run(args) -> int:
     """Train one model per (dataset, variant, depth, seed) and score it under the four block scalings."""
     setup_threads(args.threads)
     clock, ctx = t1.Clock(), t1.make_context(args, NAME)
+    store = t1.open_cell_store(args, ctx, clock)  # validates --out before any work
     variants = [check_variant(v) for v in select_variants(args.variants)]
     depths = [int(d) for d in args.depths.split(",")] if args.depths else list(ctx.preset.depths)
     if any(d < 1 for d in depths):
@@ -148,14 +149,14 @@ def run(args) -> int:
     datasets = t1.datasets_of(ctx, args.datasets, ctx.preset.image_datasets[:1], IMAGE_SETS)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
-    store = ResultStore(ctx.out, NAME)
     code = t1.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
-    comp, lines = write_report(ctx, t1.frame_of(store, cells), t1.environment(ctx, clock))
+    comp, lines = write_report(ctx, *t1.frame_and_env(store, cells, ctx, clock))
     print(t1.comparison_text(comp))
     print("\n".join(lines))
     print(clock.line(NAME))
     return code
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

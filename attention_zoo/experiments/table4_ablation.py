@@ -13,6 +13,8 @@ layer either way. Before training a row, its freshly seeded model is hashed (str
 row whose model is identical to an earlier row's reuses that row's run (``same_model_as``) instead of training the
 same network twice. In the authors' original code "w/o f(x)" was a frozen M0 buffer and the unshared generators
 were created lazily outside the optimizer (experiments.md §9.2), so the paper's rows may measure something else.
+Every row runs with unit block scales; as in the authors' code the static M0 of "w/o f(x)" takes no block scales
+at all (they act on generated metrics only). The generators' dropout is the attention dropout of the row's preset.
 
 Smoke: digits (patch task) + the embedded concept task; BARTScore needs a local facebook/bart-base (else NaN).
 """
@@ -28,9 +30,9 @@ import pandas as pd
 from .. import report
 from ..envinfo import set_seed
 from ..registry import get_attention_spec
-from ..results import ResultStore, cell_id
+from ..results import ResultStore
 from . import table1_generation as t1
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import build_model, load_data, train_and_score
 
 NAME = "table4_ablation"
@@ -77,9 +79,9 @@ def _cell(ctx, store: ResultStore, cell: dict) -> list[dict] | None:
         if other == cell["setting"]:
             break
         prev = {**cell, "setting": other}
-        if store.is_done(prev) and model_signature(ctx, prev) == sig:
-            rows = next(r["rows"] for r in store.records() if r["cell_id"] == cell_id(prev))
-            return [{**r, "same_model_as": other} for r in rows]
+        rec = store.record(prev)
+        if rec is not None and model_signature(ctx, prev) == sig:
+            return [{**r, "same_model_as": other} for r in rec["rows"]]
     return train_and_score(ctx, cell, *SETTINGS[cell["setting"]])
 
 
@@ -105,7 +107,8 @@ def paper_comparison(rel: pd.DataFrame, smoke: bool) -> pd.DataFrame:
         if math.isnan(paper):
             note = "BERTScore stand-in (no paper number)" + (f"; {note}" if note else "")
         entries.append({"what": f"{ds} {metric}: {LABELS[setting]} vs DAMCHA (%)", "paper": paper,
-                        "ours": float(hit["change_pct"].mean()) if len(hit) else math.nan, "note": note})
+                        "ours": float(hit["change_pct"].mean()) if len(hit) else math.nan, "note": note,
+                        "source": (ours_ds, metric, setting)})
     return report.comparison_frame(entries)
 
 
@@ -144,6 +147,7 @@ def run(args) -> int:
     """Train and score every (dataset, variant, setting, seed) cell (identical models trained once)."""
     setup_threads(args.threads)
     clock, ctx = t1.Clock(), t1.make_context(args, NAME)
+    store = t1.open_cell_store(args, ctx, clock)  # validates --out before any work
     variants = [check_variant(v) for v in select_variants(args.variants)]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if not settings or set(settings) - set(SETTINGS):
@@ -152,13 +156,13 @@ def run(args) -> int:
     datasets = t1.datasets_of(ctx, args.datasets, (p.image_datasets[0], p.text_datasets[-1]))
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
-    store = ResultStore(ctx.out, NAME)
     code = t1.run_cells(ctx, store, cells, lambda c: _cell(ctx, store, c))
-    comp = write_report(ctx, t1.frame_of(store, cells), t1.environment(ctx, clock))
+    comp = write_report(ctx, *t1.frame_and_env(store, cells, ctx, clock))
     print(t1.comparison_text(comp))
     print(clock.line(NAME))
     return code
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

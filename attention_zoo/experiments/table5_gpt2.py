@@ -28,12 +28,11 @@ variant name); each row records the options its variant received.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import resource
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -49,6 +48,7 @@ from ..engine import (
     evaluate,
     init_distributed,
     parse_overrides,
+    result_identity,
     train,
 )
 from ..engine.distributed import DistInfo, broadcast_object
@@ -59,7 +59,16 @@ from ..measure.status import free_memory, is_oom, short_message
 from ..models import Decoder
 from ..registry import is_attention, split_options
 from ..results import ResultStore, cell_id
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import (
+    base_parser,
+    cli_main,
+    non_negative_int,
+    positive_int,
+    run_context,
+    select_variants,
+    setup_threads,
+    variant_flavours,
+)
 
 NAME = "table5_gpt2"
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -108,8 +117,8 @@ def build_parser():
                    help="where enwik8/text8 are (or get downloaded); default $ATTENTION_ZOO_DATA or "
                         "~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
-    p.add_argument("--max-steps", type=int, default=None, help="override the preset's optimizer steps")
-    p.add_argument("--eval-batches", type=int, default=None,
+    p.add_argument("--max-steps", type=positive_int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--eval-batches", type=non_negative_int, default=None,
                    help="final evaluation: batches per split, evenly spread (0 = the whole splits; default: preset)")
     p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE",
                    help="TrainConfig overrides, e.g. --train lr=1e-3 grad_accum=2 amp=off")
@@ -153,8 +162,10 @@ def _peak(device: torch.device, reset_ok: bool) -> tuple[str, float]:
     return "peak_rss_mib_since_start", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_dir_of(out: Path, cell: dict) -> Path:
-    tag = hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8]
+def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
+    """The cell's training directory; its name hashes the run context too, so a checkpoint trained with other
+    settings or on another kind of machine is never resumed."""
+    tag = cell_id(cell, context)[:8]
     return Path(out) / "runs" / f"{cell['dataset']}-{cell['variant']}-{cell['flavor']}-s{cell['seed']}-{tag}"
 
 
@@ -246,7 +257,7 @@ def paper_comparison(red: pd.DataFrame) -> pd.DataFrame:
 def _curves(out: Path, store: ResultStore) -> list[Path]:
     frames = []
     for rec in store.records():
-        rows = read_jsonl(run_dir_of(out, rec["cell"]) / "metrics.jsonl")
+        rows = read_jsonl(run_dir_of(out, rec["cell"], store.context) / "metrics.jsonl")
         label = f"{rec['cell']['variant']}/{rec['cell']['flavor']}/s{rec['cell']['seed']}"
         for r in rows:
             if r.get("event") in ("train", "eval"):
@@ -266,6 +277,7 @@ def _curves(out: Path, store: ResultStore) -> list[Path]:
 
 def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> pd.DataFrame:
     df = store.frame()
+    env = store.environment(env, df)
     if df.empty:
         return pd.DataFrame()
     df["eval_set"] = df["eval_set"].fillna(df["dataset"]) if "eval_set" in df else df["dataset"]
@@ -343,8 +355,11 @@ def _run(args, info: DistInfo) -> int:
     final_batches = preset.final_eval_batches if args.eval_batches is None else (args.eval_batches or None)
     pairs = variant_flavours(_variants(args.variants), args.flavour)
     out = Path(args.out)
-    store = ResultStore(out, NAME) if info.is_main else None
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
+    context = run_context(args, info.device,
+                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train"),
+                          train_config=result_identity(cfg.to_dict()), preset=asdict(preset))
+    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env) if info.is_main else None
     exit_code = 0
     for ds in datasets:
         corpus = None
@@ -356,7 +371,7 @@ def _run(args, info: DistInfo) -> int:
                 if done:
                     continue
                 corpus = corpus or load_char_corpus(ds, args.data_dir, args.download)
-                run_dir = run_dir_of(out, key)
+                run_dir = run_dir_of(out, key, context)
                 try:
                     rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches)
                     status = res.status
@@ -386,5 +401,6 @@ def _run(args, info: DistInfo) -> int:
     return exit_code
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -30,13 +30,12 @@ Presets (the paper gives no recipe [U]):
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -58,7 +57,15 @@ from ..data.imagefolder import (
     train_transform,
 )
 from ..data.images import load_digits_images, load_images, train_val_split
-from ..engine import TrainConfig, TrainResult, cleanup_distributed, init_distributed, parse_overrides, train
+from ..engine import (
+    TrainConfig,
+    TrainResult,
+    cleanup_distributed,
+    init_distributed,
+    parse_overrides,
+    result_identity,
+    train,
+)
 from ..engine.distributed import DistInfo, all_reduce, broadcast_object
 from ..envinfo import environment_record, set_seed
 from ..io import read_jsonl
@@ -66,7 +73,7 @@ from ..measure.params import count_params
 from ..models import VisionTransformer
 from ..registry import is_attention, split_options
 from ..results import ResultStore, cell_id
-from .common import base_parser, select_variants, setup_threads, variant_flavours
+from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
 
 NAME = "table6_vit"
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -218,12 +225,14 @@ def build_parser():
     p.add_argument("--data-dir", default=None, help="ImageNet root (train/ and val/ class folders) or where CIFAR is "
                    "(or gets downloaded); default $ATTENTION_ZOO_DATA or ~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading CIFAR")
-    p.add_argument("--epochs", type=int, nargs="+", default=None, help="training lengths (default: the preset's)")
-    p.add_argument("--steps", type=int, default=None, help="override the optimizer steps of every cell (tests)")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (lr scales linearly); default: preset")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--epochs", type=positive_int, nargs="+", default=None,
+                   help="training lengths (default: the preset's)")
+    p.add_argument("--steps", type=positive_int, default=None, help="override the optimizer steps of every cell")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="global batch (lr scales linearly); default: preset")
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="ImageNet decoding processes per rank (default min(8, CPUs / ranks))")
-    p.add_argument("--eval-batches", type=int, default=None,
+    p.add_argument("--eval-batches", type=positive_int, default=None,
                    help="final evaluation: at most this many validation batches (default: the whole split)")
     p.add_argument("--attn-options", nargs="*", default=[], metavar="KEY=VALUE",
                    help="attention options (Python literals) for every variant that accepts them, e.g. "
@@ -265,8 +274,10 @@ def train_config(preset: Preset, n_train: int, epochs: int, batch_size: int, ste
     return TrainConfig.from_dict({**cfg, **overrides}), spe
 
 
-def run_dir_of(out: Path, cell: dict) -> Path:
-    tag = hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8]
+def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
+    """The cell's training directory; its name hashes the run context too, so a checkpoint trained with other
+    settings or on another kind of machine is never resumed."""
+    tag = cell_id(cell, context)[:8]
     return Path(out) / "runs" / (f"{cell['preset']}-{cell['variant']}-{cell['flavor']}-e{cell['epochs']}"
                                  f"-s{cell['seed']}-{tag}")
 
@@ -329,7 +340,7 @@ def _curves(out: Path, store: ResultStore, preset_name: str) -> list[Path]:
         if cell["preset"] != preset_name:
             continue
         label = f"{cell['variant']}/{cell['flavor']}/s{cell['seed']}"
-        for r in read_jsonl(run_dir_of(out, cell) / "metrics.jsonl"):
+        for r in read_jsonl(run_dir_of(out, cell, store.context) / "metrics.jsonl"):
             if r.get("event") in ("train", "eval"):
                 frames.append({"epochs": cell["epochs"], "epoch": r["step"] / cell["steps_per_epoch"],
                                "loss": r["loss"], "series": f"{label} {'train' if r['event'] == 'train' else 'val'}"})
@@ -356,6 +367,7 @@ def _rows(wide: pd.DataFrame) -> pd.DataFrame:
 
 def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> pd.DataFrame:
     df = store.frame()
+    env = store.environment(env, df)
     df = df[df["preset"] == preset_name] if not df.empty else df
     if df.empty:
         return pd.DataFrame()
@@ -406,9 +418,11 @@ def _run(args, info: DistInfo) -> int:
     data = load_data(preset, args.data_dir, args.download, args.workers)
     batch = args.batch_size or preset.batch_size
     out = Path(args.out)
-    store = ResultStore(out, NAME) if info.is_main else None
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, n_train=data.n_train,
                              n_val=data.n_val)
+    context = run_context(args, info.device, selection=("keep_checkpoints", "download", "data_dir", "epochs", "train"),
+                          preset=asdict(preset), train_overrides=result_identity(overrides))
+    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env) if info.is_main else None
     exit_code = 0
     for epochs in args.epochs or preset.epochs:
         cfg, spe = train_config(preset, data.n_train, epochs, batch, args.steps,
@@ -423,7 +437,7 @@ def _run(args, info: DistInfo) -> int:
                     if not args.quiet and info.is_main:
                         print(f"{NAME}: {variant}/{flavor} e{epochs} s{seed} already done, skipped")
                     continue
-                run_dir = run_dir_of(out, key)
+                run_dir = run_dir_of(out, key, context)
                 rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches)
                 if res.status == "interrupted":
                     print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from {run_dir}",
@@ -448,5 +462,6 @@ def _run(args, info: DistInfo) -> int:
     return exit_code
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_csv
 from ..measure import (
+    LOAD_KEYS,
     ForkServers,
     build_workload,
     count_flops,
@@ -29,19 +31,28 @@ from ..measure import (
     measure_memory_many,
     measure_model_latency,
     memory_item,
+    warn_unstable,
     workload_spec,
 )
-from ..registry import get_attention_spec
+from ..registry import get_attention_spec, resolved_options
 from ..report import line_plot, markdown_table, write_tables
-from ..results import ResultStore
-from .common import add_extra_argument, base_parser, select_variants, setup_threads, variant_configs
+from .common import (
+    add_extra_argument,
+    base_parser,
+    cli_main,
+    open_store,
+    positive_int,
+    select_variants,
+    setup_threads,
+    variant_configs,
+)
 
 NAME = "table7_complexity"
 SWEEPS = {  # T sweep at d_model, D sweep at seq_len
     "smoke": dict(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(32, 64, 128), seq_len=256, n_heads=4,
-                  batch=1, warmup=1, repeats=3),
+                  batch=1, warmup=1, repeats=None, min_time_s=0.25, min_repeats=5),
     "paper": dict(seq_lens=(128, 256, 512, 1024, 2048, 4096), d_model=512, d_models=(128, 256, 512, 1024),
-                  seq_len=1024, n_heads=8, batch=1, warmup=3, repeats=10),
+                  seq_len=1024, n_heads=8, batch=1, warmup=3, repeats=None, min_time_s=1.0, min_repeats=10),
 }
 
 
@@ -140,21 +151,29 @@ def params_frame(d: int = 768, w: int = 1536, P: int = 9, layers=(12, 15)) -> pd
 
 
 # ---- 2. measured scaling ---------------------------------------------------------------------------------------------
+def guard(lat) -> dict:
+    """The noise guard's verdict and machine load of a latency result, as row fields."""
+    return {"repeats": lat.repeats, "unstable": lat.unstable, "unstable_reason": lat.unstable_reason,
+            **{k: lat.load.get(k) for k in LOAD_KEYS}}
+
+
 def scaling_rows(spec: dict, device: torch.device, sweep: dict, servers) -> list[dict]:
     rows = []
 
     def flops_latency():
         wl = build_workload(spec, device)
         rep = count_flops(wl.model, wl.inputs, spec["batch"], spec["seq_len"], counters=("flop_counter",))
-        lat = measure_model_latency(wl, "forward", device, sweep["warmup"], sweep["repeats"])
+        lat = measure_model_latency(wl, "forward", device, sweep["warmup"], sweep["repeats"],
+                                    min_time_s=sweep["min_time_s"], min_repeats=sweep["min_repeats"])
+        warn_unstable(f"{spec['attention']} T={spec['seq_len']} D={spec['d_model']} fwd", lat)
         return {"analytic": rep.analytic, "counter": rep.flop_counter, "lat": lat}
 
     res = guarded(flops_latency, device)
     if res["status"] == "ok":
         rows += [{"metric": "fwd_gflops_analytic", "value": res["analytic"] / 1e9, "unit": "GFLOP"},
                  {"metric": "flop_counter_gflops", "value": res["counter"] / 1e9, "unit": "GFLOP"},
-                 {"metric": "latency_fwd_median_ms", "value": res["lat"].median_ms, "unit": "ms"},
-                 {"metric": "latency_fwd_iqr_ms", "value": res["lat"].iqr_ms, "unit": "ms"}]
+                 {"metric": "latency_fwd_median_ms", "value": res["lat"].median_ms, "unit": "ms", **guard(res["lat"])},
+                 {"metric": "latency_fwd_iqr_ms", "value": res["lat"].iqr_ms, "unit": "ms", **guard(res["lat"])}]
     else:
         rows.append({"metric": "latency_fwd_median_ms", "value": float("nan"), "unit": "ms", **res})
     mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads())], device,
@@ -210,13 +229,16 @@ def scaling_plots(t_df: pd.DataFrame, d_df: pd.DataFrame, out: Path) -> list[Pat
 
 
 def build_parser():
-    p = base_parser(NAME, "Table 7: complexity formulas, measured scaling exponents and parameter counts.")
+    p = base_parser(NAME, "Table 7: complexity formulas, measured scaling exponents and parameter counts.",
+                    seeds=False)
     p.set_defaults(flavour="paper")
     p.add_argument("--causal", choices=("both", "true", "false"), default="both", help="masking of the sweep")
-    p.add_argument("--seq-lens", type=int, nargs="+", default=None, help="override the T sweep")
-    p.add_argument("--d-models", type=int, nargs="+", default=None, help="override the D sweep")
-    p.add_argument("--repeats", type=int, default=None, help="latency timed iterations")
-    p.add_argument("--memory-workers", type=int, default=2, help="CPU: concurrent memory-measuring processes")
+    p.add_argument("--seq-lens", type=positive_int, nargs="+", default=None, help="override the T sweep")
+    p.add_argument("--d-models", type=positive_int, nargs="+", default=None, help="override the D sweep")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="latency: a fixed number of timed iterations (default: adaptive, at least 5 (smoke CPU) or "
+                        "10 iterations and 0.25 s (smoke CPU) or 1 s)")
+    p.add_argument("--memory-workers", type=positive_int, default=2, help="CPU: concurrent memory-measuring processes")
     add_extra_argument(p)
     return p
 
@@ -226,7 +248,7 @@ def run(args) -> int:
     setup_threads(args.threads)
     sweep = dict(SWEEPS[args.preset])
     if device.type == "cuda" and args.preset == "smoke":
-        sweep.update(warmup=5, repeats=20)
+        sweep.update(warmup=5, min_time_s=1.0, min_repeats=10)
     for k, v in (("seq_lens", args.seq_lens), ("d_models", args.d_models), ("repeats", args.repeats)):
         if v:
             sweep[k] = tuple(v) if isinstance(v, list) else v
@@ -234,7 +256,9 @@ def run(args) -> int:
     causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
     points = [(T, sweep["d_model"]) for T in sweep["seq_lens"]]
     points += [(sweep["seq_len"], D) for D in sweep["d_models"] if (sweep["seq_len"], D) not in points]
-    store = ResultStore(args.out, NAME)
+    env = environment_record(device, preset=args.preset, sweep={k: list(v) if isinstance(v, tuple) else v
+                                                                for k, v in sweep.items()})
+    store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra"), sweep=sweep)
     cells, attention_of = [], {}
     for name, f, options, label in configs:
         attention_of[label] = (name, options)
@@ -244,19 +268,24 @@ def run(args) -> int:
             for T, D in points:
                 cells.append({"variant": label, "flavour": f, "causal": causal, "seq_len": T, "d_model": D,
                               "n_heads": sweep["n_heads"], "batch": sweep["batch"], "preset": args.preset,
-                              "device": device.type, "repeats": sweep["repeats"]})
-    todo = [c for c in cells if not store.is_done(c)]
+                              "device": device.type, "attention_options": json.dumps(
+                                  resolved_options(name, {"flavor": f, **options}), sort_keys=True, default=str)})
+    todo = store.pending(cells)
     with ForkServers(args.memory_workers) as servers:
         for cell in tqdm(todo, desc=NAME, disable=args.quiet):
+            if not store.claim(cell):  # done or being measured by another process on this --out
+                continue
             name, options = attention_of[cell["variant"]]
             spec = workload_spec(attention=name, options={"flavor": cell["flavour"], **options}, causal=cell["causal"],
                                  d_model=cell["d_model"], n_heads=cell["n_heads"], batch=cell["batch"],
                                  seq_len=cell["seq_len"])
-            store.add(cell, scaling_rows(spec, device, sweep, servers if device.type == "cpu" else None))
-    ids = {tuple(sorted((k, str(v)) for k, v in c.items())) for c in cells}
-    df = store.frame()
-    if not df.empty:
-        df = df[df.apply(lambda r: tuple(sorted((k, str(r[k])) for k in cells[0])) in ids, axis=1)]
+            try:
+                rows = scaling_rows(spec, device, sweep, servers if device.type == "cpu" else None)
+            except BaseException:
+                store.release(cell)
+                raise
+            store.add(cell, rows)
+    df = store.frame(cells)
     t_df = df[df["d_model"] == sweep["d_model"]] if not df.empty else df
     d_df = df[df["seq_len"] == sweep["seq_len"]] if not df.empty else df
     wide = slopes_wide(t_df, d_df)
@@ -264,9 +293,8 @@ def run(args) -> int:
     comp, params = complexity_frame(), params_frame()
     atomic_write_csv(comp, out / f"{NAME}_formulas_numbers.csv")
     atomic_write_csv(params, out / f"{NAME}_params.csv")
-    env = environment_record(device, preset=args.preset, sweep={k: list(v) if isinstance(v, tuple) else v
-                                                                for k, v in sweep.items()})
-    write_tables(out, NAME, df, wide, env, "Table 7: complexity", report_notes(comp, params, sweep))
+    write_tables(out, NAME, df, wide, store.environment(env, df), "Table 7: complexity",
+                 report_notes(comp, params, sweep))
     scaling_plots(t_df, d_df, out)
     if not args.quiet:
         print(markdown_table(params[(params["sharing"] == "shared")][["reading of P", "N", "G", "attention ratio",
@@ -303,5 +331,6 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
     ])
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -32,7 +32,7 @@ from ..variants.base import AttentionBase
 # Ops that do no multiply-add work worth counting (elementwise, reductions, softmax, norms, indexing, routing,
 # shape and scalar arithmetic): explicitly counted as 0 so that ``unsupported_ops()`` stays empty.
 ZERO_COST_OPS = tuple(f"aten::{op}" for op in """
-abs add add_ addcmul all amax amin any arange argmax argsort batch_norm bernoulli_ bitwise_and
+abs add add_ addcmul addcmul_ all amax amin any arange argmax argsort batch_norm bernoulli_ bitwise_and
 bitwise_not bitwise_or cat ceil chunk clamp clamp_min clamp_max clone contiguous cos cumsum detach div div_ dropout
 embedding empty empty_like eq erf exp expand expand_as eye feature_dropout fill_ flatten floor_divide
 full full_like gather ge gelu group_norm gt index index_add index_put_ index_select instance_norm isinf isnan

@@ -1,11 +1,21 @@
-"""Latency: warm-up, per-iteration timing, median and IQR (conventions.md §2).
+"""Latency: warm-up, adaptive repeats, median and IQR, and a noise guard that marks numbers it cannot trust.
 
-CUDA: one pair of CUDA events per iteration, a single synchronize before reading them. CPU: ``perf_counter_ns``
-around each call, with ``torch.get_num_threads()`` recorded (pin it once at process start).
+CUDA: one pair of CUDA events per iteration, synchronised once per batch of iterations before reading them. CPU:
+``perf_counter_ns`` around each call, with ``torch.get_num_threads()`` recorded (pin it once at process start).
+
+Repeats adapt: timing continues until at least ``min_repeats`` calls and ``min_time_s`` seconds of timed work
+(``max_repeats`` caps it), unless a fixed ``repeats`` is given. Around the timed calls the guard records the
+1-minute load average and the CPU time other processes used (``/proc/stat`` minus our own rusage), plus GPU
+utilisation and SM clock where the driver reports them. A result is ``unstable`` when IQR/median exceeds
+``max_iqr`` (10 %) or the machine was busy: load beyond our own threads, or other processes' CPU use, above
+``busy_frac`` (½) of the cores. Like pyperf, it still reports the number, with the reason beside it.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,6 +27,59 @@ from ..variants.base import check_positive_int
 from .workload import Workload
 
 MODES = ("forward", "fwd_bwd")
+MAX_IQR = 0.10  # IQR/median above this marks a timing unstable
+BUSY_FRAC = 0.5  # other load above this fraction of the cores marks it unstable
+LOAD_KEYS = ("load_before", "load_after", "other_cpu_cores")  # what result rows carry of LoadProbe.stop()
+
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _gpu_state(device: torch.device) -> dict:
+    """Utilisation (%) and SM clock (MHz) when the driver reports them (needs pynvml); {} otherwise."""
+    out = {}
+    for key, fn in (("gpu_util_pct", torch.cuda.utilization), ("gpu_clock_mhz", torch.cuda.clock_rate)):
+        try:
+            out[key] = float(fn(device))
+        except Exception:  # noqa: BLE001 - no NVML, or a driver without the query: record nothing
+            pass
+    return out
+
+
+class LoadProbe:
+    """Machine activity between ``start()`` and ``stop()``: load averages and other processes' CPU use."""
+
+    def start(self, device: torch.device) -> LoadProbe:
+        self.device = device
+        self.load_before = os.getloadavg()[0]
+        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_cpu_s(), _own_cpu_s()
+        self.gpu_before = _gpu_state(device) if device.type == "cuda" else {}
+        return self
+
+    def stop(self) -> dict:
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        busy1, own1 = _busy_cpu_s(), _own_cpu_s()
+        other = None
+        if busy1 is not None and self.busy0 is not None:
+            other = max(0.0, (busy1 - self.busy0) - (own1 - self.own0)) / wall
+        gpu = {f"{k}_before": v for k, v in self.gpu_before.items()}
+        if self.device.type == "cuda":
+            gpu.update({f"{k}_after": v for k, v in _gpu_state(self.device).items()})
+        return {"load_before": self.load_before, "load_after": os.getloadavg()[0], "other_cpu_cores": other,
+                "cores": os.cpu_count() or 1, **gpu}
 
 
 @dataclass
@@ -30,6 +93,9 @@ class LatencyResult:
     threads: int
     device: str
     warmup: int
+    load: dict = field(default_factory=dict)  # LoadProbe.stop() of the timed region
+    unstable: bool = False
+    unstable_reason: str = ""
 
     @property
     def iqr_ms(self) -> float:
@@ -40,48 +106,100 @@ class LatencyResult:
         return len(self.times_ms)
 
     @classmethod
-    def from_times(cls, times_ms: list[float], device: str, warmup: int) -> LatencyResult:
+    def from_times(cls, times_ms: list[float], device: str, warmup: int, load: dict | None = None,
+                   max_iqr: float = MAX_IQR, busy_frac: float = BUSY_FRAC) -> LatencyResult:
         t = np.asarray(times_ms, dtype=float)
         q25, med, q75 = np.percentile(t, [25, 50, 75])
-        return cls(float(med), float(q25), float(q75), float(t.mean()), float(t.std()), [float(v) for v in t],
-                   torch.get_num_threads(), device, warmup)
+        res = cls(float(med), float(q25), float(q75), float(t.mean()), float(t.std()), [float(v) for v in t],
+                  torch.get_num_threads(), device, warmup, dict(load or {}))
+        reasons = []
+        if med > 0 and (q75 - q25) / med > max_iqr:
+            reasons.append(f"IQR/median {(q75 - q25) / med:.0%} > {max_iqr:.0%}")
+        if load:
+            cores, threads = load.get("cores", 1), 1 if device.startswith("cuda") else res.threads
+            extra = max(load.get("load_before", 0.0), load.get("load_after", 0.0)) - threads
+            if extra > busy_frac * cores:
+                reasons.append(f"load average {extra + threads:.1f} on {cores} cores beyond our {threads} threads")
+            other = load.get("other_cpu_cores")
+            if other is not None and other > busy_frac * cores:
+                reasons.append(f"other processes used {other:.1f} of {cores} cores")
+        res.mark_unstable(*reasons)
+        return res
+
+    def mark_unstable(self, *reasons: str) -> None:
+        for r in reasons:
+            self.unstable = True
+            self.unstable_reason = f"{self.unstable_reason}; {r}" if self.unstable_reason else r
 
     def summary(self) -> dict:
         out = asdict(self)
         out.pop("times_ms")
-        return {**out, "iqr_ms": self.iqr_ms, "repeats": self.repeats}
+        load = out.pop("load")
+        return {**out, **load, "iqr_ms": self.iqr_ms, "repeats": self.repeats}
+
+
+def check_consistency(fwd: LatencyResult, fwd_bwd: LatencyResult) -> None:
+    """Mark both unstable when forward alone took longer than forward+backward: impossible on a quiet machine."""
+    if fwd.median_ms > fwd_bwd.median_ms:
+        why = f"forward {fwd.median_ms:.3g} ms slower than forward+backward {fwd_bwd.median_ms:.3g} ms"
+        fwd.mark_unstable(why)
+        fwd_bwd.mark_unstable(why)
+
+
+def warn_unstable(label: str, res: LatencyResult, file=None) -> None:
+    """One line on stderr saying why a timing is not to be trusted."""
+    if res.unstable:
+        print(f"warning: {label}: unstable timing, {res.median_ms:.3g} ms ({res.unstable_reason})",
+              file=file or sys.stderr)
 
 
 def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 10,
-                    repeats: int = 30) -> LatencyResult:
-    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` individually timed calls (milliseconds).
+                    repeats: int | None = None, *, min_time_s: float = 1.0, min_repeats: int = 10,
+                    max_repeats: int = 1000) -> LatencyResult:
+    """Time ``fn()``: ``warmup`` untimed calls, then individually timed calls (milliseconds), a fixed ``repeats``
+    of them or, by default, at least ``min_repeats`` and ``min_time_s`` seconds of timed work (at most
+    ``max_repeats``). The result carries the noise guard's verdict.
 
     Raises:
-        ValueError: ``warmup`` negative or ``repeats`` < 1.
+        ValueError: ``warmup`` negative, ``repeats``/``min_repeats``/``max_repeats`` < 1 or ``min_time_s`` < 0.
     """
     check_positive_int("warmup", warmup, allow_zero=True)
-    check_positive_int("repeats", repeats)
+    if repeats is not None:
+        check_positive_int("repeats", repeats)
+        min_repeats, max_repeats, min_time_s = repeats, repeats, 0.0
+    check_positive_int("min_repeats", min_repeats)
+    check_positive_int("max_repeats", max_repeats)
+    if not min_time_s >= 0:
+        raise ValueError(f"min_time_s: expected a number >= 0, got {min_time_s!r}")
+    max_repeats = max(max_repeats, min_repeats)
     device = torch.device(device)
     for _ in range(warmup):
         fn()
+    probe = LoadProbe().start(device)
+    times: list[float] = []
+
+    def enough() -> bool:
+        return len(times) >= max_repeats or (len(times) >= min_repeats and sum(times) >= 1e3 * min_time_s)
+
     if device.type == "cuda":
         with torch.cuda.device(device):
             torch.cuda.synchronize()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(repeats)]
-            for start, end in events:
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()  # once, before reading: never time kernel launches
-            times = [start.elapsed_time(end) for start, end in events]
+            while not enough():
+                n = min(max(min_repeats, 1), max_repeats - len(times))
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in range(n)]
+                for start, end in events:
+                    start.record()
+                    fn()
+                    end.record()
+                torch.cuda.synchronize()  # once per batch, before reading: never time kernel launches
+                times += [start.elapsed_time(end) for start, end in events]
     else:
-        times = []
-        for _ in range(repeats):
+        while not enough():
             t0 = time.perf_counter_ns()
             fn()
             times.append((time.perf_counter_ns() - t0) / 1e6)
-    return LatencyResult.from_times(times, str(device), warmup)
+    return LatencyResult.from_times(times, str(device), warmup, probe.stop())
 
 
 def step_fn(workload: Workload, mode: str) -> Callable[[], object]:
@@ -109,6 +227,7 @@ def step_fn(workload: Workload, mode: str) -> Callable[[], object]:
 
 
 def measure_model_latency(workload: Workload, mode: str = "forward", device: torch.device | str = "cpu",
-                          warmup: int = 10, repeats: int = 30) -> LatencyResult:
-    """Latency of one forward (``forward``) or forward+backward (``fwd_bwd``) of a built workload."""
-    return measure_latency(step_fn(workload, mode), device, warmup, repeats)
+                          warmup: int = 10, repeats: int | None = None, **adaptive) -> LatencyResult:
+    """Latency of one forward (``forward``) or forward+backward (``fwd_bwd``) of a built workload; ``adaptive``:
+    ``min_time_s``, ``min_repeats``, ``max_repeats`` of ``measure_latency``."""
+    return measure_latency(step_fn(workload, mode), device, warmup, repeats, **adaptive)

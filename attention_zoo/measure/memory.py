@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from ..workers import die_with_parent
 from .latency import step_fn
 from .status import guarded, short_message
 from .workload import build_workload, workload_spec
@@ -174,6 +175,7 @@ def serve() -> None:
     """Fork server: reads one ``memory_item`` JSON per stdin line, forks a child per item (a fresh heap: this
     process has imported torch and run no op bigger than one element), writes one result JSON line per item to
     stdout."""
+    die_with_parent()  # a killed harness leaves no server behind (its children die with it in turn)
     dummy = torch.zeros(1, requires_grad=True)  # AdamW's lazy imports, paid once here instead of in every child
     dummy.grad = torch.zeros_like(dummy)
     torch.optim.AdamW([dummy], lr=1e-4).step()
@@ -183,6 +185,7 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:  # child: measure, report, exit without running the parent's cleanup
             try:
+                die_with_parent()
                 os.close(r)
                 with os.fdopen(w, "w") as out:
                     out.write(json.dumps(_child_result(item)))

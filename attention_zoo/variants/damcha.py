@@ -8,12 +8,14 @@ product of q_i = X_i m_i with k_i = X_i, the core runs on F.scaled_dot_product_a
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
 from .base import AttentionBase, Masks, check_positive_int
-from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, block_scale_matrix, head_queries
+from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, head_queries
 
 
 @register_attention("damcha")
@@ -27,8 +29,13 @@ class MBasedAttention(AttentionBase):
     ``off_diag_alpha_init``, ``kl_weight``, ``query_chunk``), ``use_multihead_M`` (accepted for compatibility:
     the per-head RowSum is always used). ``shared``/``layer_idx``/``n_layers`` are set by the backbone.
 
+    The generator's hidden layers use the layer's ``dropout`` unless ``gen_dropout`` is given, as in the authors'
+    code. Block scales (``diag_scale``/``off_diag_scale``, ``set_block_scales``) act on generated metrics only:
+    the static M0 (``use_mlp=False``) takes none, as in the authors' code, so non-unit scales are rejected there.
+
     Raises:
-        ValueError: an illegal option value (the message names it), or ``hidden_dims`` and ``mlp_hidden`` both given.
+        ValueError: an illegal option value (the message names it), ``hidden_dims`` and ``mlp_hidden`` both given,
+            or block scales with ``use_mlp=False``.
     """
 
     fused_kernel = True
@@ -53,6 +60,12 @@ class MBasedAttention(AttentionBase):
         if layer_idx >= n_layers:
             raise ValueError(f"layer_idx: expected < n_layers={n_layers}, got {layer_idx}")
         self.cfg = metric_config(mlp_hidden, metric_options)
+        if shared is not None and not isinstance(shared, StructuredMLPForM):
+            raise ValueError(f"shared: expected a StructuredMLPForM (set by the backbone) or None, got {shared!r}")
+        if use_M and not use_mlp and (self.cfg.diag_scale, self.cfg.off_diag_scale) != (1.0, 1.0):
+            name = "diag_scale" if self.cfg.diag_scale != 1.0 else "off_diag_scale"
+            raise ValueError(f"{name}: block scales act on generated metrics; the static M0 (use_mlp=False) "
+                             "takes none, as in the authors' code")
         self.use_M, self.use_mlp, self.share_mlp = use_M, use_mlp, share_mlp
         self.layer_idx, self.n_layers = layer_idx, n_layers
         D = d_model
@@ -63,12 +76,11 @@ class MBasedAttention(AttentionBase):
             self.q_proj, self.k_proj = nn.Linear(D, D), nn.Linear(D, D)
         elif not use_mlp:  # "w/o f(x)": static metric, RowSum(M0) = I at init
             self.M0 = nn.Parameter(torch.eye(D))
-            self.block_scales = (float(self.cfg.diag_scale), float(self.cfg.off_diag_scale))
         elif shared is not None:
             # Referenced, not registered: the stack owns it, so it is counted and saved once.
             object.__setattr__(self, "_shared", shared)
         else:
-            self.generator = StructuredMLPForM(D, n_heads, causal, n_layers, self.cfg)
+            self.generator = StructuredMLPForM(D, n_heads, causal, n_layers, self.cfg, dropout=dropout)
         self._last_summary: Tensor | None = None
 
     @classmethod
@@ -78,8 +90,8 @@ class MBasedAttention(AttentionBase):
         if not share or not options.get("use_M", True) or not options.get("use_mlp", True):
             return None
         metric_options = {k: v for k, v in options.items() if k in MetricConfig.names()}
-        return StructuredMLPForM(d_model, n_heads, causal, n_layers, metric_config(options.get("mlp_hidden"),
-                                                                                   metric_options))
+        cfg = metric_config(options.get("mlp_hidden"), metric_options)
+        return StructuredMLPForM(d_model, n_heads, causal, n_layers, cfg, dropout=dropout)
 
     @property
     def metric_generator(self) -> StructuredMLPForM | None:
@@ -105,23 +117,18 @@ class MBasedAttention(AttentionBase):
         return gen.queries(xh, ctx, self.layer_idx)
 
     def static_metrics(self) -> Tensor:
-        """RowSum(M0 ⊙ block scales) as [H, dh, dh]."""
+        """RowSum(M0) as [H, dh, dh] (no block scales on the static metric)."""
         H, dh = self.n_heads, self.head_dim
-        M = self.M0.reshape(H, dh, H, dh)
-        if self.block_scales != (1.0, 1.0):
-            M = M * block_scale_matrix(H, *self.block_scales, M)[:, None, :, None]
-        return M.sum(2)
+        return self.M0.reshape(H, dh, H, dh).sum(2)
 
     # ---- inspection -----------------------------------------------------------------------------------------
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:
         """[(name, D×D metric)]: generated from the last batch's contexts (final prefix when causal), averaged over
-        the batch; the static M0 (block scales applied) without f(x); [] for use_M=False or before any forward."""
+        the batch; the static M0 without f(x); [] for use_M=False or before any forward."""
         if not self.use_M:
             return []
         if not self.use_mlp:
-            H, dh = self.n_heads, self.head_dim
-            S = block_scale_matrix(H, *self.block_scales, self.M0)
-            return [("attn.M0", (self.M0.reshape(H, dh, H, dh) * S[:, None, :, None]).detach().reshape_as(self.M0))]
+            return [("attn.M0", self.M0.detach().clone())]
         if self._last_summary is None:
             return []
         return [("attn.M", self.metric_generator.metric_matrix(self._last_summary, self.layer_idx))]
@@ -156,7 +163,8 @@ class MBasedAttention(AttentionBase):
             return flops
         if self._calls_generator():
             return flops + gen.trunk_flops(batch, seq_len) + gen.head_flops(batch, seq_len)
-        return flops + (gen.head_flops(batch, seq_len) if gen.causal else 0)  # causal: final layer per layer
+        per_layer = gen.causal and not gen.stores_metrics  # "recompute": the final layer runs in every layer
+        return flops + (gen.head_flops(batch, seq_len) if per_layer else 0)
 
     def extra_repr(self) -> str:
         kind = "mha" if not self.use_M else ("static" if not self.use_mlp else
@@ -168,6 +176,8 @@ def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
     """MetricConfig from the layer's keyword options; ``mlp_hidden`` is the authors' alias of ``hidden_dims``."""
     metric_options = dict(metric_options)
     if mlp_hidden is not None:
+        if not isinstance(mlp_hidden, (list, tuple)):
+            raise ValueError(f"mlp_hidden: expected a sequence of positive ints, got {mlp_hidden!r}")
         if "hidden_dims" in metric_options and tuple(metric_options["hidden_dims"]) != tuple(mlp_hidden):
             raise ValueError("mlp_hidden: give hidden_dims or its alias mlp_hidden, not both")
         metric_options["hidden_dims"] = tuple(mlp_hidden)
@@ -178,7 +188,20 @@ def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
 
 
 def set_block_scales(model: nn.Module, diag_scale: float, off_diag_scale: float) -> None:
-    """Inference-time block ablation (Table 3): (1, 0) diagonal-only, (0, 1) off-diagonal-only, (1, 1) full."""
+    """Inference-time block ablation (Table 3): (1, 0) diagonal-only, (0, 1) off-diagonal-only, (1, 1) full.
+
+    Acts on metric generators only (a static M0 takes no block scales).
+
+    Raises:
+        ValueError: a scale that is not a finite number, or a model without a metric generator.
+    """
+    for name, v in (("diag_scale", diag_scale), ("off_diag_scale", off_diag_scale)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}: expected a finite float, got {v!r}")
+    found = False
     for m in model.modules():
-        if hasattr(m, "block_scales"):
+        if isinstance(m, StructuredMLPForM):
             m.block_scales = (float(diag_scale), float(off_diag_scale))
+            found = True
+    if not found:
+        raise ValueError("model: no metric generator to scale (baselines and the static M0 take no block scales)")

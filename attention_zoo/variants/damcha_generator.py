@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -33,31 +33,46 @@ class MetricConfig:
     off_diag_mode: str = "mlp"
     diag_scale: float = 1.0
     off_diag_scale: float = 1.0
-    compact_rank: int = 0  # r > 0: generator outputs U, V ∈ R^{D×r}, M = U Vᵀ / √r
+    # r > 0: the generator outputs U, V ∈ R^{D×r} and M = U Vᵀ / √r, as in the authors' code: ``off_diag_mode`` is
+    # then skipped (the mode's parameters are still built but do not shape M).
+    compact_rank: int = 0
     use_layer_bias: bool = False
     layer_bias_rank: int = 16
-    free_M: bool = False  # skips block masking; identical to mlp mode in the authors' current code
+    # True: the generator's raw D×D output is the metric whatever ``off_diag_mode`` is (the authors' ``free_M``);
+    # layer bias and block scales still apply. The mode's parameters are built but do not shape M.
+    free_M: bool = False
     fused_rowsum: bool = True
-    gen_dropout: float = 0.1
+    gen_dropout: float | None = None  # None: the owning layer's ``dropout``, as the authors pass it
     off_diag_alpha_init: float = 0.1
     kl_weight: float = 1e-4
     query_chunk: int | None = None  # causal path: positions per chunk (None: sized to a fixed memory budget)
     collapsed_generator: bool = False  # final layer outputs the H·dh·dh RowSums directly (see collapse_generator)
+    # Causal shared stack: "store" computes the per-position metrics [B,T,H,dh,dh] once per forward and every layer
+    # reads them (the authors' semantics, one final-layer GEMM per stack); "recompute" has each layer rebuild them
+    # chunk by chunk under checkpointing (memory O(B·T·D) instead of B·T·D·dh, the final layer run once per layer
+    # and again in backward). Same values and gradients.
+    metric_cache: str = "store"
 
     def __post_init__(self):
-        if isinstance(self.hidden_dims, int) or not all(isinstance(h, int) and h > 0 for h in self.hidden_dims):
+        if not isinstance(self.hidden_dims, (list, tuple)) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_dims):
             raise ValueError(f"hidden_dims: expected a sequence of positive ints, got {self.hidden_dims!r}")
         self.hidden_dims = tuple(self.hidden_dims)
+        for f in fields(self):  # bool-typed options: "no" or 0 must not silently mean True/False
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name}: expected a bool, got {getattr(self, f.name)!r}")
         check_choice("off_diag_mode", self.off_diag_mode, OFF_DIAG_MODES)
         check_positive_int("compact_rank", self.compact_rank, allow_zero=True)
         check_positive_int("layer_bias_rank", self.layer_bias_rank)
-        check_fraction("gen_dropout", self.gen_dropout)
+        if self.gen_dropout is not None:
+            check_fraction("gen_dropout", self.gen_dropout)
         for name in ("diag_scale", "off_diag_scale", "off_diag_alpha_init", "kl_weight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"{name}: expected a finite float, got {v!r}")
         if self.query_chunk is not None:
             check_positive_int("query_chunk", self.query_chunk)
+        check_choice("metric_cache", self.metric_cache, ("store", "recompute"))
         if self.collapsed_generator and not (self.off_diag_mode == "mlp" and self.compact_rank == 0
                                              and not self.use_layer_bias and self.fused_rowsum):
             raise ValueError("collapsed_generator: needs off_diag_mode='mlp', compact_rank=0, use_layer_bias=False "
@@ -75,7 +90,7 @@ class MetricContext:
     summary: Tensor  # [B, D] detached context (final prefix when causal), for get_M_matrices
     hidden: Tensor  # z, the penultimate activations: [B, w] or [B, T, w]
     alpha: Tensor | None  # α of linear_comb / bayesian, sampled once per forward
-    metrics: Tensor | None  # [B, H, dh, dh] (non-causal only; causal metrics are made chunk by chunk)
+    metrics: Tensor | None  # [B, H, dh, dh]; causal: [B, T, H, dh, dh] when stored, else None (made per chunk)
 
 
 def token_context(x: Tensor, padding_mask: Tensor | None, causal: bool) -> Tensor:
@@ -100,16 +115,22 @@ def head_queries(xh: Tensor, m: Tensor) -> Tensor:
     """q_i = X_i m_i. xh [B,H,T,dh]; m [B,H,dh,dh] (per sequence) or [B,T,H,dh,dh] (per position)."""
     if m.dim() == 4:
         return xh @ m  # (B, H, T, dh)
-    return torch.einsum("bhta,bthae->bhte", xh, m)  # (B, H, T, dh)
+    # A batched matmul on a view of m: einsum would copy m (B·T·D·dh values) into its own layout on every call.
+    q = xh.transpose(1, 2).unsqueeze(-2) @ m  # (B, T, H, 1, dh)
+    return q.squeeze(-2).transpose(1, 2)  # (B, H, T, dh)
 
 
 class StructuredMLPForM(nn.Module):
     """Metric generator: context -> hidden MLP (Linear, GELU, Dropout)* -> Linear(w_last -> D² or 2·D·r)."""
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, n_layers: int = 1,
-                 config: MetricConfig | None = None):
+                 config: MetricConfig | None = None, dropout: float = 0.0):
+        """``dropout`` is the owning layer's dropout; the hidden layers use it unless ``config.gen_dropout`` is set
+        (the authors pass the layer's dropout to the generator)."""
         super().__init__()
         cfg = config or MetricConfig()
+        if cfg.gen_dropout is None:
+            cfg = replace(cfg, gen_dropout=check_fraction("dropout", dropout))
         self.cfg, self.causal, self.n_layers = cfg, causal, n_layers
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         D, H, dh = d_model, n_heads, self.head_dim
@@ -147,13 +168,20 @@ class StructuredMLPForM(nn.Module):
 
     # ---- structure ----------------------------------------------------------------------------------------
     @property
+    def metric_mode(self) -> str:
+        """The off-diagonal structure that actually shapes M: ``mlp`` whenever ``free_M`` or ``compact_rank`` makes
+        the generator's output the metric, else ``off_diag_mode``."""
+        c = self.cfg
+        return "mlp" if c.free_M or c.compact_rank else c.off_diag_mode
+
+    @property
     def fusable(self) -> bool:
         """RowSum can be taken without building M whenever every block comes from the generator (mlp mode).
 
-        Beyond the authors' fused path (plain output, no layer bias; variants.md §7.4) this covers compact rank,
+        Beyond the authors' fused path (plain output, no layer bias) this covers compact rank,
         m_i = U_i (Σ_j S_ij V_j)ᵀ/√r, and the layer bias, whose RowSum is a constant: same values, no D×D tensor.
         """
-        return self.cfg.off_diag_mode == "mlp"
+        return self.metric_mode == "mlp"
 
     @property
     def fused(self) -> bool:
@@ -177,20 +205,66 @@ class StructuredMLPForM(nn.Module):
         return self.block_scales == (1.0, 1.0)
 
     # ---- the generator call ---------------------------------------------------------------------------------
-    def prepare(self, x: Tensor, padding_mask: Tensor | None, layer_idx: int | None = None) -> MetricContext:
+    def prepare(self, x: Tensor, padding_mask: Tensor | None, layer_idx: int | None = None,
+                causal: bool | None = None) -> MetricContext:
         """Run context + hidden layers once; metrics follow from ``metric_fn`` (per layer when causal)."""
-        ctx = token_context(x, padding_mask, self.causal)
-        summary = (ctx[:, -1] if self.causal else ctx).detach()
+        causal = self.causal if causal is None else causal
+        ctx = token_context(x, padding_mask, causal)
+        summary = (ctx[:, -1] if causal else ctx).detach()
         z = self.trunk(ctx)
         alpha = self.sample_alpha()
         if self.cfg.off_diag_mode == "bayesian":
             self.aux_loss = self.cfg.kl_weight * self.kl_divergence()
-        metrics = None if self.causal else self.metric_fn(alpha, layer_idx)(z)
+        metrics = None if causal else self.metric_fn(alpha, layer_idx)(z)
         return MetricContext(summary, z, alpha, metrics)
+
+    def head_metrics(self, x: Tensor, causal: bool | None = None, padding_mask: Tensor | None = None,
+                     layer_idx: int | None = None) -> Tensor:
+        """Per-head metrics m_i = Σ_j M_ij for the layer input x [B,T,D]: [B,H,dh,dh] from the mean of the real
+        tokens, or [B,T,H,dh,dh] from the causal prefix means (``causal`` defaults to the generator's own).
+
+        ``layer_idx`` picks the layer bias (``use_layer_bias``); block scales apply. The causal result holds
+        B·T·D·dh values (the layers build it chunk by chunk instead), so it is meant for analysis.
+
+        Raises:
+            ValueError: x not a floating [B,T,d_model] tensor, a bad padding_mask, or a layer_idx out of range.
+        """
+        if not torch.is_tensor(x) or x.dim() != 3 or not x.is_floating_point() or x.shape[-1] != self.d_model:
+            got = (tuple(x.shape), x.dtype) if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"x: expected a floating tensor [B, T, {self.d_model}], got {got}")
+        if causal is not None and not isinstance(causal, bool):
+            raise ValueError(f"causal: expected a bool, got {causal!r}")
+        if padding_mask is not None:
+            if not torch.is_tensor(padding_mask) or tuple(padding_mask.shape) != tuple(x.shape[:2]) \
+                    or padding_mask.is_floating_point():
+                got = (tuple(padding_mask.shape), padding_mask.dtype) if torch.is_tensor(padding_mask) else padding_mask
+                raise ValueError(f"padding_mask: expected a bool [B, T] = {tuple(x.shape[:2])} tensor, got {got}")
+            padding_mask = padding_mask.to(device=x.device, dtype=torch.bool)
+        if layer_idx is not None:
+            check_positive_int("layer_idx", layer_idx, allow_zero=True)
+            if layer_idx >= self.n_layers:
+                raise ValueError(f"layer_idx: expected < n_layers={self.n_layers}, got {layer_idx}")
+        ctx = self.prepare(x, padding_mask, layer_idx, causal)
+        return ctx.metrics if ctx.metrics is not None else self.metric_fn(ctx.alpha, layer_idx)(ctx.hidden)
+
+    def forward(self, x: Tensor, causal: bool | None = None, padding_mask: Tensor | None = None,
+                layer_idx: int | None = None) -> Tensor:
+        """Same as :meth:`head_metrics`."""
+        return self.head_metrics(x, causal, padding_mask, layer_idx)
 
     def stack_context(self, x: Tensor, padding_mask: Tensor | None) -> MetricContext | None:
         """The once-per-stack call. With a layer bias each layer calls the generator on its own input."""
-        return None if self.cfg.use_layer_bias else self.prepare(x, padding_mask)
+        if self.cfg.use_layer_bias:
+            return None
+        ctx = self.prepare(x, padding_mask)
+        if self.stores_metrics:
+            ctx.metrics = self.metric_fn(ctx.alpha, None)(ctx.hidden)  # (B, T, H, dh, dh), read by every layer
+        return ctx
+
+    @property
+    def stores_metrics(self) -> bool:
+        """Whether the stack call precomputes the causal per-position metrics (``metric_cache="store"``)."""
+        return self.causal and self.cfg.metric_cache == "store" and not self.cfg.use_layer_bias
 
     def sample_alpha(self) -> Tensor | None:
         mode = self.cfg.off_diag_mode
@@ -270,11 +344,12 @@ class StructuredMLPForM(nn.Module):
             M = out.unflatten(-1, (D, D))  # (..., D, D)
         M = M.unflatten(-1, (H, dh)).unflatten(-3, (H, dh))  # (..., H, dh, H, dh)
         eye = torch.eye(H, dtype=M.dtype, device=M.device)
-        if cfg.off_diag_mode in ("linear_comb", "bayesian"):
+        mode = self.metric_mode  # free_M and compact rank take the generated M as it is
+        if mode in ("linear_comb", "bayesian"):
             diag = M.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # (..., H(k), dh, dh): generated blocks D_k
             off = torch.einsum("ijk,...kac->...iajc", alpha, diag)  # Σ_k α_ijk D_k
             M = torch.einsum("ij,...iac->...iajc", eye, diag) + off * (1 - eye)[:, None, :, None]
-        elif cfg.off_diag_mode == "separate_B":
+        elif mode == "separate_B":
             B = self.B.reshape(H, dh, H, dh)  # free off-diagonal entries, B ∈ R^{H×dh×D} viewed as D×D
             M = M * eye[:, None, :, None] + B * (1 - eye)[:, None, :, None]
         if cfg.use_layer_bias:
@@ -340,7 +415,7 @@ class StructuredMLPForM(nn.Module):
         macs = self.last_width * (D * dh if plain_fused else self.out_dim)
         if cfg.compact_rank:  # U Vᵀ: contracted per head when fused (D·dh·r), full D×D otherwise (D²·r)
             macs += (D * dh if self.fused else D * D) * cfg.compact_rank
-        if cfg.off_diag_mode in ("linear_comb", "bayesian"):
+        if self.metric_mode in ("linear_comb", "bayesian"):
             macs += H * H * H * dh * dh
         return 2 * batch * self.calls(seq_len) * macs
 
@@ -348,7 +423,7 @@ class StructuredMLPForM(nn.Module):
         """The once-per-stack call: trunk, plus the final layer when the metrics are precomputed (non-causal)."""
         if self.cfg.use_layer_bias:
             return 0  # each layer calls the generator itself; the layers count it
-        head = 0 if self.causal else self.head_flops(batch, seq_len)
+        head = self.head_flops(batch, seq_len) if not self.causal or self.stores_metrics else 0
         return self.trunk_flops(batch, seq_len) + head
 
 

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from ..registry import register_attention
 from .base import AttentionBase, Masks, check_positive_int
-from .tha import mix_heads, rezero, softmax_fp32
+from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
 
@@ -95,7 +95,7 @@ class DynamicallyComposableMHA(AttentionBase):
         post_compose: bool = True,
         query_wise: bool = True,
         key_wise: bool = True,
-        query_chunk: int = 128,
+        query_chunk: int = 64,
         max_seq_len: int | None = None,
     ):
         super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
@@ -167,6 +167,18 @@ class DynamicallyComposableMHA(AttentionBase):
         q = q * self.head_dim**-0.5  # Compose is linear, so scaling q equals scaling the logits
         k_t = k.transpose(-2, -1)  # (B, H, dh, S)
         dyn = self.dynamic_weights(x) if self.splits else {}
+        if self.flavor == "paper":
+            stages = []
+            for stage in ("pre", "post"):
+                if stage not in self.stages:
+                    stages += [None, []]
+                    continue
+                qw, kw = dyn.get(f"{stage}_q", ()), dyn.get(f"{stage}_k", ())
+                static = [self.static[self.stages.index(stage)]] if self.use_static else []
+                stages += [MixStage(True, self.use_static, bool(qw), bool(kw)), [*static, *qw, *kw]]
+            out = mixed_attention(q, k, v, masks, *stages, chunk=self.query_chunk,
+                                  dropout=self.dropout_p if self.training else 0.0)
+            return self.out_proj(self.merge_heads(out))
         if self.flavor == "damcha_repo":
             alpha = torch.softmax(self.router(x).view(B, T, self.n_heads, self.n_heads), dim=2)  # (B, T, in, out)
             g = torch.sigmoid(self.gate(x))[..., None]  # (B, T, out, 1)

@@ -14,7 +14,8 @@ the sparse path is the one implemented.
 
 ``damcha_repo``: the DAMCHA authors' ``MoAAttention`` -- E experts with their own W_q, W_k, W_v, all
 computed densely; a biased router picks top-k, the gates are a softmax over the k selected logits; the gated
-outputs are concatenated by rank slot into one shared output projection. No auxiliary loss.
+outputs are concatenated by rank slot into one shared output projection. No auxiliary loss. The authors' module
+is always causal (it is a decoder); with ``causal=False`` this harness runs the same computation non-causally.
 """
 
 from __future__ import annotations

@@ -7,34 +7,10 @@ from torch import Tensor, nn
 
 from ..registry import register_attention
 from .base import AttentionBase, Masks, check_choice
+from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 
-
-def mix_heads(weight: Tensor, a: Tensor) -> Tensor:
-    """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view.
-
-    An explicit bmm: ``weight @ a`` would fold the batch into a [B*T*S, H] GEMM with two transposed copies.
-    """
-    B, H, T, S = a.shape
-    return torch.bmm(weight.expand(B, H, H), a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
-
-
-def softmax_fp32(scores: Tensor) -> Tensor:
-    """Softmax over keys, computed in at least fp32, returned in the input dtype."""
-    low = scores.dtype in (torch.float16, torch.bfloat16)
-    return torch.softmax(scores, dim=-1, dtype=torch.float32 if low else None).to(scores.dtype)
-
-
-def rezero(weights: Tensor, masks: Masks) -> Tensor:
-    """Re-zero invisible keys and dead rows after a post-softmax head mix.
-
-    A head-shared mask leaves exactly 0 at invisible keys of every head (exp(finfo.min - max) == 0) and a
-    linear head mix keeps them 0, so only per-head masks and dead rows (uniform weights) need the fill.
-    """
-    if masks.keep is not None and masks.keep.shape[1] != 1:
-        weights = weights.masked_fill(~masks.keep, 0.0)
-    if masks.dead is not None:
-        weights = weights.masked_fill(masks.dead, 0.0)
-    return weights
+__all__ = ["TalkingHeadsAttention", "mix_heads", "rezero", "softmax_fp32"]
+_STATIC_MIX = MixStage(identity=False, static=True, query=False, key=False)
 
 
 @register_attention("tha")
@@ -57,6 +33,7 @@ class TalkingHeadsAttention(AttentionBase):
 
     needs_full_logits = True
     flavors = ("paper", "damcha_repo")
+    query_chunk = 64  # rows per block of the chunked core: exact for any value, 4 MiB blocks at H=8, S=512
 
     def __init__(
         self,
@@ -94,12 +71,13 @@ class TalkingHeadsAttention(AttentionBase):
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
-        # the 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S]
-        logits = mix_heads(self.pre_proj.weight * self.head_dim**-0.5, q @ k.transpose(-2, -1))  # (B, H, T, S)
-        # invisible keys get the most negative finite value, applied after the pre-mix: never -inf in a mix
-        weights = softmax_fp32(masks.apply(logits, torch.finfo(logits.dtype).min))  # (B, H, T, S)
-        weights = rezero(mix_heads(self.post_proj.weight, weights), masks)  # (B, H, T, S)
-        out = self.attn_drop(weights) @ v  # (B, H, T, dh)
+        # The chunked core (headmix.py) runs logits -> pre-mix -> mask (finite negative, after the mix: never -inf
+        # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward.
+        # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S].
+        pre = self.pre_proj.weight * self.head_dim**-0.5
+        out = mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [self.post_proj.weight],
+                              chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
+                              mix=mix_heads, rezero_fn=rezero)  # this module's names, looked up per call
         return self.out_proj(self.merge_heads(out))
 
     def analytic_params(self) -> int:

@@ -1,0 +1,152 @@
+"""Noise guard on timings, honest paper | ours | delta rules, one schema for every results file."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import pytest
+
+from attention_zoo.experiments import table2_efficiency as t2
+from attention_zoo.measure.latency import LatencyResult, check_consistency, measure_latency, warn_unstable
+from attention_zoo.report import UNSTABLE_MARK, comparison_frame, format_comparison, mark_values, write_tables
+
+QUIET = {"load_before": 0.0, "load_after": 0.0, "other_cpu_cores": 0.0, "cores": 2}
+
+
+# ---- noise guard ------------------------------------------------------------------------------------------------
+def test_noisy_timing_is_marked_unstable(capsys):
+    delays = iter([0.001, 0.02] * 50)
+    res = measure_latency(lambda: time.sleep(next(delays)), "cpu", warmup=0, min_time_s=0.0, min_repeats=10)
+    assert res.unstable and "IQR/median" in res.unstable_reason
+    warn_unstable("sleepy", res)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: sleepy: unstable timing") and "IQR/median" in err[0]
+
+
+def test_steady_timing_on_a_quiet_machine_is_stable():
+    res = LatencyResult.from_times([10.0, 10.1, 10.05, 9.95, 10.0], "cpu", 0, QUIET)
+    assert not res.unstable and res.unstable_reason == ""
+
+
+@pytest.mark.parametrize("load, why", [({**QUIET, "load_after": 9.0}, "load average"),
+                                       ({**QUIET, "other_cpu_cores": 1.5}, "other processes")])
+def test_busy_machine_marks_unstable(load, why):
+    res = LatencyResult.from_times([10.0] * 5, "cpu", 0, load)
+    assert res.unstable and why in res.unstable_reason
+
+
+def test_repeats_adapt_to_a_minimum_time():
+    res = measure_latency(lambda: time.sleep(0.01), "cpu", warmup=0, min_time_s=0.15, min_repeats=3)
+    assert res.repeats >= 10 and sum(res.times_ms) >= 150
+    fixed = measure_latency(lambda: None, "cpu", warmup=0, repeats=4)
+    assert fixed.repeats == 4
+    with pytest.raises(ValueError, match="^min_time_s"):
+        measure_latency(lambda: None, "cpu", min_time_s=float("nan"))
+    assert {"load_before", "load_after", "other_cpu_cores"} <= set(res.load)
+
+
+def test_forward_slower_than_fwd_bwd_is_caught():
+    fwd = LatencyResult.from_times([20.0] * 5, "cpu", 0, QUIET)
+    both = LatencyResult.from_times([10.0] * 5, "cpu", 0, QUIET)
+    check_consistency(fwd, both)
+    assert fwd.unstable and both.unstable and "slower than forward+backward" in fwd.unstable_reason
+
+
+def _t2_rows(unstable: bool) -> pd.DataFrame:
+    base = {"setting": "CIFAR-10/100", "seq_len": 64, "batch": 1, "flavour": "paper", "status": "ok",
+            "message": "", "unit": "ms"}
+    rows = []
+    for v, ms in (("mha", 1.0), ("tha", 2.0)):
+        bad = unstable and v == "tha"
+        rows += [{**base, "variant": v, "metric": "latency_fwd_median_ms", "value": ms, "unstable": bad,
+                  "unstable_reason": "IQR/median 30% > 10%" if bad else ""},
+                 {**base, "variant": v, "metric": "latency_fwd_bwd_median_ms", "value": 3 * ms, "unstable": False,
+                  "unstable_reason": ""}]
+    return pd.DataFrame(rows)
+
+
+def test_table2_marks_unstable_numbers_in_markdown(tmp_path):
+    df = _t2_rows(unstable=True)
+    wide = t2.wide_frame(df)
+    marks = t2.unstable_marks(df)
+    shown = mark_values(wide, marks, t2.INDEX)
+    tha = shown[shown["variant"] == "tha"].iloc[0]
+    assert str(tha["fwd ms (median)"]).endswith(UNSTABLE_MARK)
+    assert not str(tha["fwd+bwd ms (median)"]).endswith(UNSTABLE_MARK)
+    assert "IQR/median" in wide[wide["variant"] == "tha"]["timing"].iloc[0]
+    assert not str(shown[shown["variant"] == "mha"].iloc[0]["fwd ms (median)"]).endswith(UNSTABLE_MARK)
+    assert t2.unstable_marks(_t2_rows(unstable=False)) == {}
+    png = t2.plots(df.assign(unit="ms"), tmp_path)
+    assert png and all(p.exists() for p in png)
+
+
+# ---- comparison rules -------------------------------------------------------------------------------------------
+def test_not_comparable_rows_get_no_delta():
+    df = comparison_frame([{"what": "a", "paper": 10.0, "ours": 12.0, "note": "not comparable: smoke on digits"},
+                           {"what": "b", "paper": 10.0, "ours": 12.0, "note": ""}])
+    assert math.isnan(df["delta"].iloc[0]) and math.isnan(df["delta_pct"].iloc[0])
+    assert df["delta"].iloc[1] == pytest.approx(2.0) and df["delta_pct"].iloc[1] == pytest.approx(20.0)
+    assert "not comparable" in format_comparison(df)
+
+
+def test_delta_of_percentages_is_in_points():
+    df = comparison_frame([{"what": "top-1 (%)", "paper": 80.0, "ours": 70.0},
+                           {"what": "accuracy", "paper": 50.0, "ours": 55.0, "unit": "%"}])
+    assert list(df["delta"]) == [-10.0, 5.0] and list(df["delta_unit"]) == ["pp", "pp"]
+    assert df["delta_pct"].isna().all()  # never a percent of a percent
+    assert "-10.0000 pp" in format_comparison(df)
+
+
+def test_one_value_is_never_compared_with_two_paper_numbers():
+    src = ("digits", "damcha", "fid_top50")
+    df = comparison_frame([{"what": "cifar10 FID", "paper": 50.0, "ours": 60.0, "source": src},
+                           {"what": "cifar100 FID", "paper": 53.0, "ours": 60.0, "source": src},
+                           {"what": "other", "paper": 1.0, "ours": 2.0, "source": ("x",)}])
+    assert list(df["what"]) == ["cifar10 FID", "other"] and "source" not in df
+
+
+def test_table2_memory_ratio_says_what_was_measured():
+    rows = []
+    for v, mib in (("tha", 10.0), ("damcha", 20.0)):
+        rows.append({"variant": v, "flavour": "paper", "seq_len": 64, "metric": "peak_train_rss_mib", "value": mib,
+                     "status": "ok", "unit": "MiB", "setting": "CIFAR-10/100"})
+    comp = t2.paper_comparison(pd.DataFrame(rows), "paper")
+    mem = comp[comp["what"].str.contains("memory")].iloc[0]
+    assert "CPU peak RSS" in mem["note"] and "GPU allocation" in mem["note"]
+
+
+# ---- one schema -------------------------------------------------------------------------------------------------
+def test_write_tables_one_schema(tmp_path):
+    long = pd.DataFrame([{"variant": "mha", "flavour": "paper", "metric": "x", "value": 1.0, "unit": "ms"},
+                         {"variant": "mha", "flavour": "paper", "metric": "x_raw", "value": 1.1, "unit": "ms",
+                          "repeat": 0}])
+    wide = pd.DataFrame([{"variant": "mha", "flavour": "paper", "x": 1.0}])
+    paths = write_tables(tmp_path, "s", long, wide, {"runs": []}, "T")
+    got = pd.read_csv(paths["long"])
+    assert "flavor" in got and "flavour" not in got and "repeat" not in got and len(got) == 1
+    assert "flavor" in pd.read_csv(paths["wide"])
+    raw = pd.read_csv(paths["raw"])
+    assert list(raw["repeat"]) == [0]
+    with pytest.raises(ValueError, match="^long_df"):
+        write_tables(tmp_path, "s", long.drop(columns="unit"), wide, {}, "T")
+
+
+def test_mixed_runs_are_flagged_in_markdown(tmp_path):
+    long = pd.DataFrame([{"metric": "x", "value": 1.0, "unit": "ms"}])
+    runs = [{"run_id": "r1", "git_commit": "aaaa"}, {"run_id": "r2", "git_commit": "bbbb", "git_dirty": True}]
+    md = write_tables(tmp_path, "s", long, long, {"runs": runs}, "T")["md"].read_text()
+    assert "Mixed runs" in md and "r1" in md and "(dirty)" in md
+    single = write_tables(tmp_path, "s", long, long, {"runs": runs[:1]}, "T")["md"].read_text()
+    assert "Mixed runs" not in single
+
+
+def test_quick_benchmark_flags_rates_above_the_gemm_rate():
+    from attention_zoo.measure.quick import check_gemm_bound
+
+    rows = {"a": {"status": "ok", "achieved_gflops": 150.0, "unstable": False, "unstable_reason": None},
+            "b": {"status": "ok", "achieved_gflops": 50.0, "unstable": False, "unstable_reason": None}}
+    check_gemm_bound(rows, gemm=100.0)
+    assert rows["a"]["unstable"] and "GEMM rate" in rows["a"]["unstable_reason"]
+    assert not rows["b"]["unstable"]
