@@ -84,6 +84,19 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def setup_threads(threads: int | None) -> int:
+    """Pin torch's CPU threads (``None``: keep torch's choice); returns the count in force.
+
+    Raises:
+        ValueError: ``threads`` < 1.
+    """
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads: expected a positive int, got {threads!r}")
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def set_seed(seed: int) -> int:
     """Seed python, numpy and torch (CUDA included); validates the uint32 range and returns the seed."""
     import random

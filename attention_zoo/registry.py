@@ -92,6 +92,25 @@ def list_attentions(pattern: str | list[str] | None = None, exclude: str | list[
     return names
 
 
+def select_attentions(spec: str) -> list[str]:
+    """Comma-separated names or wildcards (``"mha,d*"``) -> registered names, in the order named.
+
+    Raises:
+        ValueError: a pattern matching no registered attention, or an empty selection (the message lists the
+            available ones).
+    """
+    names = sorted(_REGISTRY)
+    chosen: list[str] = []
+    for pat in (s.strip() for s in spec.split(",") if s.strip()):
+        hits = [n for n in names if fnmatch.fnmatch(n, pat)]
+        if not hits:
+            raise ValueError(f"variants: {pat!r} matches no registered attention; available: {', '.join(names)}")
+        chosen += [h for h in hits if h not in chosen]
+    if not chosen:
+        raise ValueError(f"variants: empty selection; available: {', '.join(names)}")
+    return chosen
+
+
 def split_options(name: str, options: dict) -> tuple[dict, dict]:
     """Split ``options`` into (accepted by ``name``, not accepted). None values are dropped (timm style)."""
     accepted = set(get_attention_spec(name).options)

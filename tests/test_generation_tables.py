@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_zoo.data.seq2seq import IGNORE_INDEX
-from attention_zoo.experiments import appendix_e_kde, generation, table1_generation
+from attention_zoo.experiments import appendix_e_kde, generation, generation_common, table1_generation
 from attention_zoo.io import read_jsonl
 from attention_zoo.metrics.topk import feature_top50, mse_top50, nll_top50, read_per_sample, score_top50
 from attention_zoo.results import ResultStore
@@ -152,7 +152,7 @@ def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):
 def test_text_model_is_trained_on_the_target_only_loss(tmp_path):
     args = table1_generation.build_parser().parse_args(
         ["--steps", "1", "--eval-samples", "4", "--out", str(tmp_path), "--quiet", "--train", "log_every=1"])
-    ctx = table1_generation.make_context(args, "t")
+    ctx = generation_common.make_context(args, "t")
     cell = ctx.cell("concepts", "mha", "paper", "default", 0)
     data = generation.load_data("concepts", ctx.data)
     _, _, res = generation.train_cell(ctx, cell)
@@ -175,7 +175,7 @@ def test_pixel_task_scores_teacher_forced_reconstructions(tmp_path):
     args = table1_generation.build_parser().parse_args(
         ["--steps", "2", "--eval-samples", "6", "--fid-extractor", "tiny-random", "--image-task", "pixel",
          "--image-size", "8", "--out", str(tmp_path), "--quiet"])
-    ctx = table1_generation.make_context(args, "t")
+    ctx = generation_common.make_context(args, "t")
     rows = generation.train_and_score(ctx, ctx.cell("digits", "mha", "paper", "default", 0))
     vals = {r["metric"]: r["value"] for r in rows}
     assert vals["n_eval"] == 6 and vals["top50_k"] == 6 and np.isfinite(vals["fid_top50"]) and vals["nll"] > 0

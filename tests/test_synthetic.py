@@ -14,6 +14,7 @@ import torch
 
 from attention_zoo.data import synthetic as syn
 from attention_zoo.experiments import synthetic as exp
+from attention_zoo.experiments import synthetic_report as stats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,11 +99,11 @@ def test_bad_arguments_name_the_argument(kwargs, arg):
 
 
 def test_t_interval_hand_example():
-    mean, lo, hi = exp.t_interval([1.0, 2.0, 3.0, 4.0])
+    mean, lo, hi = stats.t_interval([1.0, 2.0, 3.0, 4.0])
     half = 3.182446305284263 * math.sqrt(5 / 3) / 2  # t_{0.975, 3} · s / √n, s² = 5/3
     assert mean == pytest.approx(2.5)
     assert (lo, hi) == (pytest.approx(2.5 - half), pytest.approx(2.5 + half))
-    assert math.isnan(exp.t_interval([1.0])[1])
+    assert math.isnan(stats.t_interval([1.0])[1])
 
 
 def test_paired_gains_by_seed():
@@ -113,7 +114,7 @@ def test_paired_gains_by_seed():
                          "flavor": "paper", "metric": "test_mse", "value": v, "status": "ok"})
     rows.append({**rows[0], "task": "classification", "lam": None, "metric": "test_acc", "value": 0.5})
     rows.append({**rows[1], "task": "classification", "lam": None, "metric": "test_acc", "value": 0.6})
-    g = exp.paired_gains(pd.DataFrame(rows)).sort_values(["task", "seed"])
+    g = stats.paired_gains(pd.DataFrame(rows)).sort_values(["task", "seed"])
     assert g["gain"].tolist() == pytest.approx([10.0, 10.0, -10.0])  # cls: +10 points; reg: +10 %, −10 %
 
 

@@ -1,4 +1,4 @@
-"""Image sets and the two image tasks of Table 1 (experiments.md §2).
+"""Image sets and the two image tasks of Table 1 (docs/experiments.md §2).
 
 Sets (``load_images``), all as uint8 ``[N, 3, H, W]`` tensors:
 - **cifar10 / cifar100**: the python-pickle archives of https://www.cs.toronto.edu/~kriz/, MD5-checked (the values

@@ -1,4 +1,4 @@
-"""Source-conditioned text generation for Table 1 (experiments.md §2): WMT14 en→de, CommonGen, embedded concepts.
+"""Source-conditioned text generation for Table 1 (docs/experiments.md §2): WMT14 en→de, CommonGen, embedded concepts.
 
 Every task is a list of ``(source, target)`` string pairs per split, packed for a decoder-only model as one
 sequence ``[BOS] source [SEP] target [EOS] [PAD …]`` with a padding mask (True = real token) and a loss mask that

@@ -1,4 +1,4 @@
-"""Character-level corpora for Table 5 (experiments.md §8): enwik8, text8, their 50/50 mix, embedded Shakespeare.
+"""Character-level corpora for Table 5 (docs/experiments.md §8): enwik8, text8, their 50/50 mix, embedded Shakespeare.
 
 - **enwik8**: the first 10⁸ bytes of the Hutter Prize Wikipedia dump, byte level (never decoded), split on raw
   bytes 90M/5M/5M (salesforce/awd-lstm-lm ``prep_enwik8.py``, kimiyoung/transformer-xl).

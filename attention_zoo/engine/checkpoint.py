@@ -126,6 +126,19 @@ class CheckpointManager:
         return None, None
 
 
+def prune_checkpoints(run_dir: str | Path) -> None:
+    """After a finished (stored) run: delete its checkpoints, except NaN debug ones (``nan_*``, evidence), and the
+    checkpoint directory once empty."""
+    ckpts = Path(run_dir) / "checkpoints"
+    if not ckpts.is_dir():
+        return
+    for f in ckpts.glob("*.pt"):
+        if not f.name.startswith("nan_"):
+            f.unlink()
+    if not any(ckpts.iterdir()):
+        ckpts.rmdir()
+
+
 def strip_prefixes(state_dict: dict) -> dict:
     """Drop the ``_orig_mod.`` (torch.compile) and ``module.`` (DDP) prefixes."""
     out = {}

@@ -24,8 +24,8 @@ from ..io import atomic_savefig
 from ..metrics.topk import read_per_sample
 from ..results import ResultStore
 from .common import base_parser, cli_main, select_variants, variant_flavours
+from .generation_common import flat_wide
 from .table1_generation import NAME as TABLE1
-from .table1_generation import flat_wide
 
 NAME = "appendix_e_kde"
 SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscore_f1": "higher",

@@ -7,8 +7,8 @@ M0 per layer, identity init). At chosen epochs each model's ``get_M_matrices()``
 contexts, batch-averaged; the final prefix for this causal model) is saved and drawn as heatmaps (App. F: the
 adaptive metric's evolution; App. H: static next to adaptive). App. G: the H×H grid of ‖∂L/∂M_ij‖_F on the explicit
 path, with vs without sharing, on a fixed validation batch. Under RowSum every block of a block-row receives the same
-gradient (variants.md §7.4), so each grid row is constant — the figure shows that, it does not assume it.
-Pure sharing without a layer bias gives the same M in every layer (experiments.md §5).
+gradient (docs/variants.md §7.4), so each grid row is constant — the figure shows that, it does not assume it.
+Pure sharing without a layer bias gives the same M in every layer (docs/experiments.md §5).
 """
 
 from __future__ import annotations

@@ -3,91 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import functools
-import math
-import sys
 from pathlib import Path
 
 import torch
 
-from ..envinfo import fingerprint
-from ..registry import get_attention_spec, list_attentions, resolved_options
+from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI helpers from here
+    HelpFormatter,
+    cli_main,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
+from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads re-exported for the scripts
+from ..registry import get_attention_spec, list_attentions, resolved_options, select_attentions
 from ..results import ResultStore
 
 PRESETS = ("smoke", "paper")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" only where the help text does not state its default already, so it shows once."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-        if "default" in text.lower() or flag or action.default in (None, argparse.SUPPRESS, []):
-            return text
-        return super()._get_help_string(action)
-
-
-def _number(raw: str, kind):
-    try:
-        return kind(raw)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected {'an int' if kind is int else 'a number'}, got {raw!r}") from None
-
-
-def positive_int(raw: str) -> int:
-    """argparse type: an int >= 1 (threads, workers, batches, steps ...)."""
-    v = _number(raw, int)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {raw!r}")
-    return v
-
-
-def non_negative_int(raw: str) -> int:
-    v = _number(raw, int)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {raw!r}")
-    return v
-
-
-def seed_int(raw: str) -> int:
-    """argparse type: a seed in 0 … 2**32 − 1 (what NumPy accepts)."""
-    v = _number(raw, int)
-    if not 0 <= v < 2**32:
-        raise argparse.ArgumentTypeError(f"expected a seed in 0 … 2**32 − 1, got {raw!r}")
-    return v
-
-
-def non_negative_float(raw: str) -> float:
-    """argparse type: a finite float >= 0."""
-    v = _number(raw, float)
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {raw!r}")
-    return v
-
-
-def positive_float(raw: str) -> float:
-    v = non_negative_float(raw)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {raw!r}")
-    return v
-
-
-def cli_main(main):
-    """Decorator for a script's ``main(argv)``: a ValueError (our bad-input errors, whose message names the
-    argument) becomes one line ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead
-    of a traceback."""
-
-    @functools.wraps(main)
-    def wrapped(argv: list[str] | None = None) -> int:
-        try:
-            return main(argv)
-        except ValueError as exc:
-            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-            return 2
-
-    return wrapped
 
 
 def base_parser(name: str, description: str, default_seeds: list[int] | None = None, *, seeds: bool = True,
@@ -142,18 +75,7 @@ def open_store(args: argparse.Namespace, name: str, device: torch.device | str, 
                        env=env)
 
 
-def select_variants(spec: str) -> list[str]:
-    """Comma-separated names or wildcards -> registered names. Raises ValueError naming the unknown ones."""
-    names = list_attentions()
-    chosen: list[str] = []
-    for pat in (s.strip() for s in spec.split(",") if s.strip()):
-        hits = [n for n in names if fnmatch.fnmatch(n, pat)]
-        if not hits:
-            raise ValueError(f"variants: {pat!r} matches no registered attention; available: {', '.join(names)}")
-        chosen += [h for h in hits if h not in chosen]
-    if not chosen:
-        raise ValueError(f"variants: empty selection; available: {', '.join(names)}")
-    return chosen
+select_variants = select_attentions  # the scripts' name for it
 
 
 def variant_flavours(names: list[str], flavour: str = "both") -> list[tuple[str, str]]:
@@ -169,14 +91,6 @@ def variant_flavours(names: list[str], flavour: str = "both") -> list[tuple[str,
         else:
             pairs.append((n, "paper"))
     return pairs
-
-
-def setup_threads(threads: int | None) -> int:
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads: expected a positive int, got {threads}")
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
 
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")

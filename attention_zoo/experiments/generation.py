@@ -1,6 +1,6 @@
-"""Shared machinery of the generation experiments (DAMCHA paper Tables 1, 3, 4, App. E; experiments.md §2–§4).
+"""Shared machinery of the generation experiments (DAMCHA paper Tables 1, 3, 4, App. E; docs/experiments.md §2–§4).
 
-Models (any registered attention in the authors' post-LN block with sinusoidal positions, variants.md §0.2):
+Models (any registered attention in the authors' post-LN block with sinusoidal positions, docs/variants.md §0.2):
 - **patch** (the authors' CV code): 4×4 patches -> ``Linear(48, D)`` + positions -> causal ``AttentionStack`` ->
   ``Linear(D, 2D) -> GELU -> Linear(2D, 48)``; MSE on the masked patches (1–3 zeroed patch rows per image, which
   are zeros in the input as in the authors' code: the mask only selects the loss).
@@ -87,7 +87,7 @@ PRESETS = {
                     text_train=dict(_COMMON, max_steps=150, batch_size=16, lr=2e-3, min_lr_ratio=0.1,
                                     warmup_steps=10, log_every=10, eval_max_batches=2, ckpt_every=50),
                     epochs=None, image_eval=100, text_eval=64, decoder_positions="learned"),
-    # The compact repo config (experiments.md §1), 50 epochs; CV: AdamW 3e-4 cosine to 0.01·lr, batch 64, the first
+    # The compact repo config (docs/experiments.md §1), 50 epochs; CV: AdamW 3e-4 cosine to 0.01·lr, batch 64, the first
     # 51 validation batches; text: Adam(W, wd 0) at 3e-4, batch 32, whole validation split, WMT's first 100k pairs.
     "paper": Preset(("cifar10", "cifar100"), ("wmt14", "commongen"), d_model=128, n_layers=4, n_heads=8, d_ff=256,
                     dropout=0.1, hidden_dims=(256, 512), depth_width=256, depths=tuple(range(1, 10)),

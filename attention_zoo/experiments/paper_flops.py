@@ -1,4 +1,4 @@
-"""The DAMCHA authors' closed-form MAC model behind Table 2's GFLOPs (experiments.md §6).
+"""The DAMCHA authors' closed-form MAC model behind Table 2's GFLOPs (docs/experiments.md §6).
 
 From erwinmsmith/DAMCHA ``scripts/profile_flops_latency.py`` at commit ``e6c19f1``: one forward pass at batch 1,
 GFLOPs = 2·MACs/1e9, compact config D=128, H=8, d_h=16, F=d_ff=256, N=4. The standard layer costs

@@ -1,7 +1,7 @@
 """DAMCHA under RowSum: evidence that the D×D "cross-head" metric carries no more function than H·dh·dh outputs.
 
 Head i only sees m_i = Σ_j M_ij, so in ``mlp`` mode the loss depends on the generator's D² output rows only through
-their block-row sums (variants.md §7.4). Four measured sections:
+their block-row sums (docs/variants.md §7.4). Four measured sections:
 
 - ``gradient_identity``: spread of the final-layer gradient across the H block columns of each block-row
   (0 up to rounding in mlp mode, fused or explicit; not 0 where the identity stops: separate_B, linear_comb).

@@ -1,6 +1,6 @@
 """Table 1 (DAMCHA paper p. 6): decoder-only generation — the 7 methods × CIFAR-10, CIFAR-100, WMT, CommonGen.
 
-Columns (experiments.md §4): images MSE ↓, FID ↓, FID@Top-50 ↓ (+ feature distance); text NLL ↓, BARTScore ↑ and
+Columns (docs/experiments.md §4): images MSE ↓, FID ↓, FID@Top-50 ↓ (+ feature distance); text NLL ↓, BARTScore ↑ and
 BARTScore@Top-50 ↑ under both rules (``nll_top50``, ``score_top50``), with BERTScore F1 beside it. A cell is
 (dataset, variant, flavour, seed): one training run (``generation.train_and_score``); finished cells are skipped on
 rerun and an interrupted one resumes from its checkpoint. Presets: ``smoke`` = digits (masked-patch task by default,
@@ -8,38 +8,36 @@ rerun and an interrupted one resumes from its checkpoint. Presets: ``smoke`` = d
 (real-Inception FID costs ≈0.17 s per image on an idle CPU); ``paper`` = CIFAR-10/100 + WMT14 en→de + CommonGen with
 the compact repo config (see ``generation.PRESETS``). Baselines default to the ``damcha_repo`` flavour (what the
 paper ran; ``--flavour both`` adds the published methods).
-
-This module also holds the command-line plumbing the other generation tables share (arguments, context, the cell
-loop, report helpers, run timing).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
-import os
-import sys
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import pandas as pd
-import torch
-from torch import nn
-from tqdm.auto import tqdm
 
 from .. import report
-from ..engine import parse_overrides, result_identity
-from ..envinfo import environment_record, resolve_device
-from ..metrics import images as mi
-from ..metrics import text as mt
-from ..results import ResultStore
-from .common import base_parser, cli_main, open_store, positive_int, select_variants, setup_threads, variant_flavours
-from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions, train_and_score
+from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
+from .generation import Context, train_and_score
+from .generation_common import (
+    ANALOG,
+    NOT_COMPARABLE,
+    Clock,
+    add_arguments,
+    comparison_text,
+    datasets_of,
+    flat_wide,
+    frame_and_env,
+    image_text_notes,
+    make_context,
+    means,
+    open_cell_store,
+    pct,
+    run_cells,
+)
 
 NAME = "table1_generation"
-TINY_EXTRACTOR = "tiny-random"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")
 TEXT_METRICS = ("nll", "bertscore_f1", "bertscore_f1_nll_top50", "bertscore_f1_score_top50", "bartscore",
                 "bartscore_nll_top50", "bartscore_score_top50")
@@ -50,191 +48,6 @@ PAPER = {("cifar10", "fid_top50"): {"mha": 91.4320, "damcha": 63.0295},  # [docs
 RELATIVE = (("cifar10", "fid_top50", "mma", -25.8), ("cifar10", "fid_top50", "mha", -31.1),  # DAMCHA vs ref, % [Q/D]
             ("cifar100", "fid_top50", "mha", -9.94), ("wmt14", "bartscore", "mha", 35.7),
             ("commongen", "bartscore", "mha", 5.25))
-ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
-NOT_COMPARABLE = "not comparable: smoke preset on digits/concept task"
-
-
-# ---- plumbing shared by the generation tables --------------------------------------------------------------------
-@functools.cache  # once per process: torch-fidelity refuses a second class under the same name
-def _register_tiny_extractor() -> None:
-    """``--fid-extractor tiny-random``: a fixed random 2-layer conv net (16-d), for tests only — not a metric."""
-    from torch_fidelity import FeatureExtractorBase
-
-    class TinyRandom(FeatureExtractorBase):
-        def __init__(self, name, features_list, **kwargs):
-            super().__init__(name, features_list)
-            g = torch.Generator().manual_seed(0)  # the same weights in every process
-            self.net = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU(),
-                                     nn.AdaptiveAvgPool2d(1), nn.Flatten())
-            for prm in self.net.parameters():
-                prm.data = torch.randn(prm.shape, generator=g) * 0.3
-
-        get_provided_features_list = staticmethod(lambda: ("feat",))
-        get_default_feature_layer_for_metric = staticmethod(lambda metric: "feat")
-        can_be_compiled = staticmethod(lambda: False)
-        get_dummy_input_for_compile = staticmethod(lambda: torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
-
-        def forward(self, x):
-            return (self.net(x.float() / 127.5 - 1),)
-
-    mi.register_extractor(TINY_EXTRACTOR, TinyRandom)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {', '.join(IMAGE_SETS + TEXT_SETS)} "
-                   "(default: the preset's)")
-    p.add_argument("--image-task", choices=("patch", "pixel"), default="patch",
-                   help="patch: the authors' masked 4×4-patch reconstruction; pixel: autoregressive RGB332 tokens")
-    p.add_argument("--pixel-mode", choices=("rgb332", "gray", "channels"), default="rgb332", help="pixel tokens")
-    p.add_argument("--image-size", type=positive_int, default=32, help="digits only: image side (CIFAR is 32)")
-    p.add_argument("--steps", type=positive_int, default=None, help="override the optimizer steps of every cell")
-    p.add_argument("--eval-samples", type=positive_int, default=None,
-                   help="images / text examples scored (default: preset)")
-    p.add_argument("--fid-extractor", default=mi.DEFAULT_EXTRACTOR,
-                   help=f"torch-fidelity feature extractor; {TINY_EXTRACTOR} is a random 16-d net for tests only")
-    p.add_argument("--tokenizer", default="auto", help="bytes, a local HF tokenizer, or auto (the authors' "
-                   "tokenizer for WMT/CommonGen if available offline, else bytes)")
-    p.add_argument("--bart-path", default=None, help=f"local facebook/bart-base for BARTScore (or ${mt.BART_ENV})")
-    p.add_argument("--data-dir", default=None, help="data directory (default $ATTENTION_ZOO_DATA)")
-    p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
-    p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE", help="TrainConfig overrides")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished cells' checkpoints")
-    return p
-
-
-def make_context(args, name: str) -> Context:
-    if args.fid_extractor == TINY_EXTRACTOR:
-        _register_tiny_extractor()
-    preset, n = PRESETS[args.preset], args.eval_samples
-    data = DataOptions(args.image_task, args.pixel_mode, args.image_size, args.tokenizer, args.data_dir,
-                       args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval)
-    train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
-    return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
-                   args.quiet, args.keep_checkpoints, args.bart_path)
-
-
-def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None = None,
-                allowed: tuple[str, ...] = IMAGE_SETS + TEXT_SETS) -> list[str]:
-    """Raises ValueError for a dataset outside ``allowed``."""
-    p = ctx.preset
-    default = default or p.image_datasets + p.text_datasets
-    names = [d.strip() for d in spec.split(",") if d.strip()] if spec else list(default)
-    bad = [d for d in names if d not in allowed]
-    if bad:
-        raise ValueError(f"datasets: {', '.join(bad)} not among {', '.join(allowed)}")
-    return names
-
-
-def run_cells(ctx: Context, store: ResultStore, cells: list[dict], fn) -> int:
-    """Run unfinished cells with ``fn(cell) -> rows | None`` (None: interrupted, resumable); exit code."""
-    for cell in tqdm(cells, desc=ctx.name, disable=ctx.quiet, leave=False):
-        if not store.claim(cell):  # done, or being run by another process on this --out
-            continue
-        try:
-            rows = fn(cell)
-        except BaseException:
-            store.release(cell)
-            raise
-        if rows is None:
-            store.release(cell)
-            print(f"{ctx.name}: interrupted; rerun the same command to resume from {ctx.run_dir(cell)}",
-                  file=sys.stderr)
-            return 130
-        store.add(cell, rows)
-        ckpts = ctx.run_dir(cell) / "checkpoints"
-        if not ctx.keep_checkpoints and ckpts.is_dir():
-            for f in ckpts.glob("*.pt"):
-                if not f.name.startswith("nan_"):  # a NaN debug checkpoint is evidence; keep it
-                    f.unlink()
-    return 0
-
-
-def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
-    """The generation tables' store: cells keyed by every option that can change them and the environment."""
-    return open_store(args, ctx.name, ctx.device, environment(ctx, clock),
-                      selection=("datasets", "settings", "depths", "keep_checkpoints", "download", "data_dir", "train"),
-                      train_overrides=result_identity(ctx.train_overrides))
-
-
-def frame_and_env(store: ResultStore, cells: list[dict], ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
-    """The long frame of this run's cells only, and the environment record naming every run behind it."""
-    df = store.frame(cells)
-    return df, store.environment(environment(ctx, clock), df)
-
-
-def flat_wide(df: pd.DataFrame, index: list[str], columns: list[str]) -> pd.DataFrame:
-    """Seed-averaged pivot over the observed column combinations only (all-NaN cells such as an unsupported
-    BARTScore stay as NaN columns), headers joined by ": "."""
-    if df.empty:
-        return pd.DataFrame()
-    wide = df.groupby(index + columns, dropna=False)["value"].mean().unstack(columns)
-    wide.columns = [": ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in wide.columns]
-    wide = wide.reset_index()
-    return wide.dropna(how="all", subset=[c for c in wide.columns if c not in index]).reset_index(drop=True)
-
-
-def means(df: pd.DataFrame, keys: list[str]) -> dict:
-    """Seed-averaged values of ok rows, ``{(*keys, metric): value}``, preferring the damcha_repo flavour (what the
-    paper ran) where a variant has both."""
-    ok = df[df["status"] == "ok"].assign(rank=lambda d: d["flavor"] != "damcha_repo")
-    m = ok.groupby([*keys, "flavor", "metric", "rank"], dropna=False)["value"].mean().reset_index()
-    m = m.sort_values("rank", kind="stable").drop_duplicates([*keys, "metric"])
-    return {(*(r[k] for k in keys), r["metric"]): r["value"] for _, r in m.iterrows()}
-
-
-def pct(a: float | None, b: float | None) -> float:
-    """Relative change of ``a`` vs ``b`` in % of |b| (NaN when either is missing)."""
-    return 100.0 * (a - b) / abs(b) if a is not None and b is not None and b != 0 else math.nan
-
-
-def comparison_text(comp: pd.DataFrame) -> str:
-    """``report.format_comparison`` with each row's note appended."""
-    text = report.format_comparison(comp)
-    if comp.empty or "note" not in comp:
-        return text
-    lines = text.split("\n")
-    return "\n".join([lines[0]] + [f"{ln}  {n}" if n else ln for ln, n in zip(lines[1:], comp["note"].fillna(""))])
-
-
-@dataclass
-class Clock:
-    """Wall and process CPU time of a run, with the 1-minute load average at both ends (shared machines)."""
-
-    wall: float = field(default_factory=time.perf_counter)
-    cpu: float = field(default_factory=time.process_time)
-    load: float = field(default_factory=lambda: os.getloadavg()[0])
-
-    def record(self) -> dict:
-        return {"wall_s": time.perf_counter() - self.wall, "cpu_s": time.process_time() - self.cpu,
-                "loadavg_start": self.load, "loadavg_end": os.getloadavg()[0]}
-
-    def line(self, name: str) -> str:
-        r = self.record()
-        return (f"{name}: wall {r['wall_s']:.0f} s, process CPU {r['cpu_s']:.0f} s, torch threads "
-                f"{torch.get_num_threads()}, 1-min load average {r['loadavg_start']:.1f} -> {r['loadavg_end']:.1f}")
-
-
-def environment(ctx: Context, clock: Clock, **extra) -> dict:
-    return environment_record(ctx.device, preset=ctx.preset_name, extractor=ctx.extractor, data=asdict(ctx.data),
-                              **clock.record(), **extra)
-
-
-def image_text_notes(df: pd.DataFrame, ctx: Context) -> list[str]:
-    """Sample sizes, scorer availability and caveats shared by the tables' markdown."""
-    n = df[df["metric"] == "n_eval"].groupby("dataset")["value"].max()
-    notes = [f"Preset `{ctx.preset_name}`; scored samples per cell: "
-             + ", ".join(f"{ds} {int(v)}" for ds, v in n.items())
-             + f"; FID features: `{ctx.extractor}`. FID and FID@Top-50 (the 50 lowest-MSE pairs, the authors' "
-             "rule) are small-sample statistics, not comparable with standard 50k-sample FID"
-             + (" — the smoke preset scores few samples because real-Inception FID costs ≈0.17 s per image on an "
-                "idle CPU." if ctx.preset_name == "smoke" else ".")]
-    if ctx.preset.decoder_positions != "sinusoidal" and set(df["task"]) & {"text", "pixel"}:
-        notes.append(f"Text/pixel decoders use {ctx.preset.decoder_positions} positions in this preset (the "
-                     "Decoder's unit-amplitude sinusoids swamp its N(0, 0.02) token embeddings at smoke scale; see "
-                     "`generation.Preset.decoder_positions`); the patch model keeps the authors' sinusoids.")
-    bad = df[df["status"] != "ok"].drop_duplicates(["metric", "status", "message"])
-    notes += [f"`{r.metric}`: {r.status} — {r.message}" for r in bad.itertuples() if not r.metric.endswith("top50")]
-    return notes
 
 
 # ---- Table 1 ------------------------------------------------------------------------------------------------------

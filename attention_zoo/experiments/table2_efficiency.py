@@ -1,9 +1,9 @@
 """Table 2 (paper p. 7): efficiency — memory, latency, GFLOPs and parameters per variant and setting.
 
-Model: the authors' decoder (post-LN, sinusoidal positions, GELU FFN, dropout 0.1; variants.md §0.2), vocabulary
+Model: the authors' decoder (post-LN, sinusoidal positions, GELU FFN, dropout 0.1; docs/variants.md §0.2), vocabulary
 256 (byte-level; the paper's tokenisers are not part of the profile), the stack-shared DAMCHA generator with its
 default topology (hidden (256, 512)) — the paper profiled ``mlp_hidden=()``, which only the ``paper_model_gflops``
-column (the authors' closed-form model, experiments.md §6) assumes.
+column (the authors' closed-form model, docs/experiments.md §6) assumes.
 - ``smoke`` preset: the compact config Table 2 was profiled on (D=128, H=8, d_ff=256, N=4);
 - ``paper`` preset: the Section 5.1 model (N=10, D=512, H=8, d_ff=2048 [U]: 4·D, not given in the paper).
 Settings: CIFAR-10/100 T=64 (batch 64; both datasets share this profile), CommonGen T=128 (32), WMT T=256 (32).
@@ -17,17 +17,14 @@ paper model; attention-only and whole-model parameters.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ..envinfo import environment_record, resolve_device
 from ..measure import (
-    LOAD_KEYS,
     ForkServers,
     build_workload,
     check_consistency,
@@ -40,20 +37,9 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..registry import resolved_options
 from ..report import UNSTABLE_MARK, barh_plot, comparison_frame, format_comparison, mark_values, write_tables
-from .common import (
-    add_extra_argument,
-    base_parser,
-    cli_main,
-    non_negative_int,
-    open_store,
-    positive_float,
-    positive_int,
-    select_variants,
-    setup_threads,
-    variant_configs,
-)
+from .common import base_parser, cli_main, open_store, positive_int, setup_threads
+from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -71,21 +57,30 @@ class Setting:
 
 SETTINGS = (Setting("cifar", "CIFAR-10/100", 64, 64), Setting("commongen", "CommonGen", 128, 32),
             Setting("wmt", "WMT", 256, 32))
-MODELS = {"smoke": dict(model="compact", d_model=128, n_heads=8, d_ff=256, n_layers=4),
-          "paper": dict(model="section5.1", d_model=512, n_heads=8, d_ff=2048, n_layers=10)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The profiled decoder."""
+
+    model: str
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_layers: int
+
+
+PRESETS = {"smoke": Preset("compact", d_model=128, n_heads=8, d_ff=256, n_layers=4),
+           "paper": Preset("section5.1", d_model=512, n_heads=8, d_ff=2048, n_layers=10)}
 
 
 def plan(args, device: torch.device) -> dict:
     """Model, batch and timing for the preset and device; command-line overrides win. Repeats adapt to a minimum
     timed duration (``min_time_s``, at least ``min_repeats`` calls) unless ``--repeats`` fixes them."""
     cuda, smoke = device.type == "cuda", args.preset == "smoke"
-    quick = smoke and not cuda
-    return {**MODELS[args.preset], "vocab_size": args.vocab_size,
+    return {**config_record(PRESETS[args.preset]), "vocab_size": args.vocab_size,
             "batch": args.batch if args.batch else (None if cuda or not smoke else 1),  # None: the paper's batch
-            "warmup": args.warmup if args.warmup is not None else (10 if cuda else 1 if smoke else 3),
-            "repeats": args.repeats,
-            "min_time_s": args.min_time if args.min_time is not None else (0.25 if quick else 1.0),
-            "min_repeats": 5 if quick else 10}
+            **timing_for(args, device).kwargs()}
 
 
 def decoder_spec(variant: str, flavour: str, setting: Setting, cfg: dict, batch: int, options: dict | None = None
@@ -95,6 +90,9 @@ def decoder_spec(variant: str, flavour: str, setting: Setting, cfg: dict, batch:
                          n_heads=cfg["n_heads"], n_layers=cfg["n_layers"], d_ff=cfg["d_ff"],
                          vocab_size=cfg["vocab_size"], norm="post", positions="sinusoidal", share_mlp=True,
                          dropout=0.1, batch=batch, seq_len=setting.seq_len)
+
+
+TIMING_KEYS = ("warmup", "repeats", "min_time_s", "min_repeats")
 
 
 def _row(metric: str, value, unit: str, status: str = "ok", message: str = "", **extra) -> dict:
@@ -119,8 +117,7 @@ def latency_rows(spec: dict, device: torch.device, cfg: dict, label: str = "") -
     for mode in ("forward", "fwd_bwd"):
         def measure(mode=mode):
             wl = build_workload(spec, device)
-            return {"lat": measure_model_latency(wl, mode, device, cfg["warmup"], cfg["repeats"],
-                                                 min_time_s=cfg["min_time_s"], min_repeats=cfg["min_repeats"])}
+            return {"lat": measure_model_latency(wl, mode, device, **{k: cfg[k] for k in TIMING_KEYS})}
 
         results[mode] = guarded(measure, device)
     if all(r["status"] == "ok" for r in results.values()):
@@ -132,10 +129,9 @@ def latency_rows(spec: dict, device: torch.device, cfg: dict, label: str = "") -
             continue
         lat = res["lat"]
         warn_unstable(f"{label} {tag}".strip(), lat)
-        guard = {"threads": lat.threads, "repeats": lat.repeats, "unstable": lat.unstable,
-                 "unstable_reason": lat.unstable_reason, **{k: lat.load.get(k) for k in LOAD_KEYS}}
         for stat in ("median", "q25", "q75", "mean"):
-            rows.append(_row(f"latency_{tag}_{stat}_ms", getattr(lat, f"{stat}_ms"), "ms", mode=mode, **guard))
+            rows.append(_row(f"latency_{tag}_{stat}_ms", getattr(lat, f"{stat}_ms"), "ms", mode=mode,
+                             **lat.guard_fields()))
         rows += [_row(f"latency_{tag}_raw_ms", t, "ms", mode=mode, repeat=i) for i, t in enumerate(lat.times_ms)]
     return rows
 
@@ -301,12 +297,6 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
-def _timing_rule(cfg: dict) -> str:
-    if cfg["repeats"]:
-        return f"{cfg['repeats']} timed iterations"
-    return f"at least {cfg['min_repeats']} timed iterations and {cfg['min_time_s']:g} s"
-
-
 def _marks_note(marks: dict) -> str:
     if not marks:
         return ""
@@ -319,7 +309,7 @@ def notes(cfg: dict, device: torch.device, counters) -> str:
     return (f"Model: {cfg['model']} decoder (D={cfg['d_model']}, H={cfg['n_heads']}, d_ff={cfg['d_ff']}, "
             f"N={cfg['n_layers']}; post-LN, sinusoidal positions, dropout 0.1, vocab {cfg['vocab_size']}); "
             f"DAMCHA: stack-shared default generator, hidden (256, 512). Device {device}; {batch}; latency: "
-            f"{cfg['warmup']} warm-up, then {_timing_rule(cfg)}, median (q25–q75 in the long CSV). "
+            f"{Timing(**{k: cfg[k] for k in TIMING_KEYS}).rule()}, median (q25–q75 in the long CSV). "
             "Memory: increment over the baseline (model and inputs built) of one eval forward / one training step "
             "(forward, backward, AdamW created inside the region); CUDA max_memory_allocated (reserved also "
             "shown), CPU peak RSS of a fresh forked process (not comparable with CUDA). GFLOPs: forward at batch 1; "
@@ -334,17 +324,10 @@ def build_parser():
                     seeds=False)
     p.add_argument("--settings", default="cifar,commongen,wmt", help="comma-separated: cifar, commongen, wmt")
     p.add_argument("--batch", type=positive_int, default=None, help="override every setting's batch")
-    p.add_argument("--warmup", type=non_negative_int, default=None, help="latency warm-up iterations")
-    p.add_argument("--repeats", type=positive_int, default=None,
-                   help="latency: a fixed number of timed iterations (default: adaptive, see --min-time)")
-    p.add_argument("--min-time", type=positive_float, default=None,
-                   help="latency: time at least this many seconds per measurement (default 0.25 for the smoke "
-                        "preset on CPU, else 1.0) and at least 5 (smoke CPU) or 10 iterations")
     p.add_argument("--vocab-size", type=positive_int, default=256, help="decoder vocabulary (byte-level)")
     p.add_argument("--counters", default="fvcore,flop_counter",
                    help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
-    p.add_argument("--memory-workers", type=positive_int, default=2, help="CPU: concurrent memory-measuring processes")
-    add_extra_argument(p)
+    add_measure_arguments(p)
     return p
 
 
@@ -358,37 +341,28 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"settings: unknown {', '.join(unknown)}; available: {', '.join(s.key for s in SETTINGS)}")
     settings = [s for s in SETTINGS if s.key in keys]
-    configs = variant_configs(select_variants(args.variants), args.flavour, args.extra)
+    rows = attention_rows(args)
     env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
                              model=cfg["model"], counters=list(counters))
     store = open_store(args, NAME, device, env, selection=("settings", "extra"), **cfg)
-    cells, attention_of = [], {}
+    cells, plan_of = [], {}
     for s in settings:
-        for name, f, options, label in configs:
-            batch = cfg["batch"] or s.batch
-            opts = resolved_options(name, {"flavor": f, **options})
-            cell = {"variant": label, "flavour": f, "setting": s.label, "seq_len": s.seq_len, "batch": batch,
+        for row in rows:
+            cell = {**row.cell_fields(), "setting": s.label, "seq_len": s.seq_len, "batch": cfg["batch"] or s.batch,
                     "preset": args.preset, "model": cfg["model"], "device": device.type,
-                    "attention_options": json.dumps(opts, sort_keys=True, default=str), "counters": ",".join(counters)}
-            cells.append((cell, s))
-            attention_of[label] = (name, options)
-    todo = [(c, s) for c, s in cells if not store.is_done(c)]
+                    "counters": ",".join(counters)}
+            cells.append(cell)
+            plan_of[(row.label, s.label)] = (row, s)
+
+    def measure(cell, servers):
+        row, s = plan_of[(cell["variant"], cell["setting"])]
+        return run_cell(row.name, row.flavor, s, cfg, device, counters, servers, cell["batch"], row.options, row.label)
+
     if not args.quiet:
-        print(f"{len(cells)} cells, {len(cells) - len(todo)} already measured here with these settings; "
-              f"{notes(cfg, device, counters)[:160]}…")
-    with ForkServers(args.memory_workers) as servers:
-        for cell, s in tqdm(todo, desc=NAME, disable=args.quiet):
-            if not store.claim(cell):  # done or being measured by another process on this --out
-                continue
-            name, options = attention_of[cell["variant"]]
-            try:
-                rows = run_cell(name, cell["flavour"], s, cfg, device, counters,
-                                servers if device.type == "cpu" else None, cell["batch"], options, cell["variant"])
-            except BaseException:
-                store.release(cell)
-                raise
-            store.add(cell, rows)
-    df = store.frame([c for c, _ in cells])
+        print(f"{len(cells)} cells, {len(cells) - len(store.pending(cells))} already measured here with these "
+              f"settings; {notes(cfg, device, counters)[:160]}…")
+    measure_cells(store, cells, measure, device, args.memory_workers, NAME, args.quiet)
+    df = store.frame(cells)
     wide = wide_frame(df)
     comp = paper_comparison(df, args.preset, device)
     marks = unstable_marks(df)

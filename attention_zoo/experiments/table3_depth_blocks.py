@@ -4,8 +4,8 @@ Rows: generator depth k = the number of generator layers: k − 1 hidden layers 
 (``Preset.depth_width``: 256 paper, 128 smoke), then the output layer; k = 1 is a single ``Linear(D → D²)``. This
 is the most likely reading of the paper's "layer" (repo run names ``mlp_shared_depth{k}``; Section 5.1 uses a
 9-layer generator) [U]. One model is trained per depth and scored four times with inference-time block scales
-(variants.md §7.5; no retraining): Full (1, 1), Diagonal-only (1, 0), Off-diagonal-only (0, 1), and Full/H
-(1/H, 1/H). The last one checks the derived property of variants.md §7.4: under RowSum the H blocks of a block row
+(docs/variants.md §7.5; no retraining): Full (1, 1), Diagonal-only (1, 0), Off-diagonal-only (0, 1), and Full/H
+(1/H, 1/H). The last one checks the derived property of docs/variants.md §7.4: under RowSum the H blocks of a block row
 get identical gradients, so once training dominates the initialisation diagonal-only ≈ the full metric scaled by
 1/H (a softmax temperature change). Quoted [Q]: full 58.64 at depth 9 and 77.97 at depth 1; the best
 diagonal-only, 98.703, is worse than the weakest full; off-diagonal-only is worse than both. Block scales act on
@@ -25,7 +25,7 @@ import pandas as pd
 from .. import report
 from ..registry import get_attention_spec
 from ..variants.damcha import set_block_scales
-from . import table1_generation as t1
+from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import IMAGE_SETS, train_and_score
 
@@ -49,7 +49,7 @@ def check_variant(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = t1.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0]))
+    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0]))
     p.set_defaults(variants="damcha", flavour="paper")
     p.add_argument("--depths", default=None, help="comma-separated generator depths (default: 1..9 paper, 1,2,3 "
                    "smoke)")
@@ -111,15 +111,15 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> tuple[pd.DataFrame, list[s
     comp, temp, claims = analysis(df, ctx.preset_name == "smoke")
 
     def by_depth(m: str) -> pd.DataFrame:
-        return t1.flat_wide(_metric(df, m), ["dataset", "variant", "depth"], ["inference"])
+        return gc.flat_wide(_metric(df, m), ["dataset", "variant", "depth"], ["inference"])
 
     wide = by_depth("fid_top50")
     wide = wide[[c for c in ["dataset", "variant", "depth", *INFERENCE] if c in wide.columns]]
-    notes = t1.image_text_notes(df, ctx) + [
+    notes = gc.image_text_notes(df, ctx) + [
         f"Generator depth k = k − 1 hidden layers of width {ctx.preset.depth_width} + the output layer. One model "
         "per depth; the four columns are inference-time block scales on it: full (1, 1), diag_only (1, 0), "
         f"off_diag_only (0, 1), full_over_H (1/H, 1/H) with H = {ctx.preset.n_heads}.", *claims,
-        "## Diagonal-only vs the full metric scaled by 1/H (variants.md §7.4)",
+        "## Diagonal-only vs the full metric scaled by 1/H (docs/variants.md §7.4)",
         "If the H blocks of a block row were equal, diagonal-only would equal full/H exactly. gap_ratio = "
         "abs(diag_only − full_over_H) / abs(diag_only − full) on FID@Top-50: well below 1 means diagonal-only acts "
         "like a temperature change of the full metric rather than a loss of cross-head information.",
@@ -140,18 +140,18 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> tuple[pd.DataFrame, list[s
 def run(args) -> int:
     """Train one model per (dataset, variant, depth, seed) and score it under the four block scalings."""
     setup_threads(args.threads)
-    clock, ctx = t1.Clock(), t1.make_context(args, NAME)
-    store = t1.open_cell_store(args, ctx, clock)  # validates --out before any work
+    clock, ctx = gc.Clock(), gc.make_context(args, NAME)
+    store = gc.open_cell_store(args, ctx, clock)  # validates --out before any work
     variants = [check_variant(v) for v in select_variants(args.variants)]
     depths = [int(d) for d in args.depths.split(",")] if args.depths else list(ctx.preset.depths)
     if any(d < 1 for d in depths):
         raise ValueError(f"depths: expected positive generator depths, got {depths}")
-    datasets = t1.datasets_of(ctx, args.datasets, ctx.preset.image_datasets[:1], IMAGE_SETS)
+    datasets = gc.datasets_of(ctx, args.datasets, ctx.preset.image_datasets[:1], IMAGE_SETS)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
-    code = t1.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
-    comp, lines = write_report(ctx, *t1.frame_and_env(store, cells, ctx, clock))
-    print(t1.comparison_text(comp))
+    code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
+    comp, lines = write_report(ctx, *gc.frame_and_env(store, cells, ctx, clock))
+    print(gc.comparison_text(comp))
     print("\n".join(lines))
     print(clock.line(NAME))
     return code

@@ -1,6 +1,6 @@
 """Table 4 (DAMCHA paper p. 8): input adaptivity × sharing ablation of DAMCHA on CIFAR-10 and CommonGen.
 
-Rows (experiments.md §4): DAMCHA (``full``: one input-dependent generator shared by the stack), w/o sharing
+Rows (docs/experiments.md §4): DAMCHA (``full``: one input-dependent generator shared by the stack), w/o sharing
 (``no_sharing``: ``share_mlp=False``, one generator per layer on its own input), w/o f(x) (``no_fx``:
 ``use_mlp=False``, a learnable static D×D metric M0 per layer, identity init), w/o both (``no_both``: static and
 unshared). Columns: CIFAR-10 MSE, FID, FID@Top-50; CommonGen NLL, BARTScore, BARTScore@Top-50 (both rules), with
@@ -12,7 +12,7 @@ removed; CommonGen without input adaptivity: BARTScore@Top-50 −13.99 %, mean B
 layer either way. Before training a row, its freshly seeded model is hashed (structure and initial parameters); a
 row whose model is identical to an earlier row's reuses that row's run (``same_model_as``) instead of training the
 same network twice. In the authors' original code "w/o f(x)" was a frozen M0 buffer and the unshared generators
-were created lazily outside the optimizer (experiments.md §9.2), so the paper's rows may measure something else.
+were created lazily outside the optimizer (docs/experiments.md §9.2), so the paper's rows may measure something else.
 Every row runs with unit block scales; as in the authors' code the static M0 of "w/o f(x)" takes no block scales
 at all (they act on generated metrics only). The generators' dropout is the attention dropout of the row's preset.
 
@@ -31,7 +31,7 @@ from .. import report
 from ..envinfo import set_seed
 from ..registry import get_attention_spec
 from ..results import ResultStore
-from . import table1_generation as t1
+from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import build_model, load_data, train_and_score
 
@@ -54,7 +54,7 @@ def check_variant(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = t1.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0]))
+    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0]))
     p.set_defaults(variants="damcha", flavour="paper")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {', '.join(SETTINGS)}")
     return p
@@ -87,9 +87,9 @@ def _cell(ctx, store: ResultStore, cell: dict) -> list[dict] | None:
 
 def relative_changes(df: pd.DataFrame) -> pd.DataFrame:
     """% change of every row vs ``full`` per (dataset, variant, metric), seeds averaged."""
-    vals = t1.means(df, ["dataset", "variant", "setting"])
+    vals = gc.means(df, ["dataset", "variant", "setting"])
     out = [{"dataset": ds, "variant": v, "metric": m, "setting": s,
-            "change_pct": t1.pct(x, vals.get((ds, v, "full", m)))}
+            "change_pct": gc.pct(x, vals.get((ds, v, "full", m)))}
            for (ds, v, s, m), x in vals.items() if s != "full" and m in METRICS]
     return pd.DataFrame(out)
 
@@ -99,11 +99,11 @@ def paper_comparison(rel: pd.DataFrame, smoke: bool) -> pd.DataFrame:
         return pd.DataFrame()
     present, entries = set(rel["dataset"]), []
     for ds, metric, setting, paper in PAPER + tuple((*s, math.nan) for s in STAND_INS):
-        ours_ds = ds if ds in present else t1.ANALOG[ds]
+        ours_ds = ds if ds in present else gc.ANALOG[ds]
         if ours_ds not in present:
             continue
         hit = rel[(rel["dataset"] == ours_ds) & (rel["metric"] == metric) & (rel["setting"] == setting)]
-        note = "" if ours_ds == ds else t1.NOT_COMPARABLE if smoke else f"ours: {ours_ds}"
+        note = "" if ours_ds == ds else gc.NOT_COMPARABLE if smoke else f"ours: {ours_ds}"
         if math.isnan(paper):
             note = "BERTScore stand-in (no paper number)" + (f"; {note}" if note else "")
         entries.append({"what": f"{ds} {metric}: {LABELS[setting]} vs DAMCHA (%)", "paper": paper,
@@ -118,12 +118,12 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(SETTINGS)}
     df = df.assign(row=df["setting"].map(LABELS), order=df["setting"].map(order))
     head = df[df["metric"].isin(METRICS)]
-    wide = t1.flat_wide(head, ["order", "row", "variant"], ["dataset", "metric"]).sort_values("order")
+    wide = gc.flat_wide(head, ["order", "row", "variant"], ["dataset", "metric"]).sort_values("order")
     wide = wide.drop(columns="order").reset_index(drop=True)
     rel = relative_changes(df)
     comp = paper_comparison(rel, ctx.preset_name == "smoke")
     shared = df.dropna(subset=["same_model_as"]) if "same_model_as" in df else df.iloc[:0]
-    notes = t1.image_text_notes(df, ctx) + [__doc__.split("\n\n")[2].replace("\n", " ")]
+    notes = gc.image_text_notes(df, ctx) + [__doc__.split("\n\n")[2].replace("\n", " ")]
     notes += [f"In this run: {LABELS[s]} reuses the {LABELS[o]} run on {ds} (identical model)."
               for s, o, ds in shared[["setting", "same_model_as", "dataset"]].drop_duplicates().itertuples(index=False)]
     if not rel.empty:
@@ -146,19 +146,19 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> pd.DataFrame:
 def run(args) -> int:
     """Train and score every (dataset, variant, setting, seed) cell (identical models trained once)."""
     setup_threads(args.threads)
-    clock, ctx = t1.Clock(), t1.make_context(args, NAME)
-    store = t1.open_cell_store(args, ctx, clock)  # validates --out before any work
+    clock, ctx = gc.Clock(), gc.make_context(args, NAME)
+    store = gc.open_cell_store(args, ctx, clock)  # validates --out before any work
     variants = [check_variant(v) for v in select_variants(args.variants)]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if not settings or set(settings) - set(SETTINGS):
         raise ValueError(f"settings: expected a subset of {', '.join(SETTINGS)}, got {args.settings!r}")
     p = ctx.preset
-    datasets = t1.datasets_of(ctx, args.datasets, (p.image_datasets[0], p.text_datasets[-1]))
+    datasets = gc.datasets_of(ctx, args.datasets, (p.image_datasets[0], p.text_datasets[-1]))
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
-    code = t1.run_cells(ctx, store, cells, lambda c: _cell(ctx, store, c))
-    comp = write_report(ctx, *t1.frame_and_env(store, cells, ctx, clock))
-    print(t1.comparison_text(comp))
+    code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, store, c))
+    comp = write_report(ctx, *gc.frame_and_env(store, cells, ctx, clock))
+    print(gc.comparison_text(comp))
     print(clock.line(NAME))
     return code
 

@@ -1,7 +1,7 @@
 """Table 5 (DAMCHA paper p. 9): character-level GPT-2-scale pretraining on Enwik8, Text8 and their 50/50 Mix.
 
 Rows MHA, DCMHA, DAMCHA (any registered variant on request); cross-entropy ↓; the paper quotes only relative
-figures (experiments.md §4): DAMCHA best everywhere, Mix −5.19 % vs MHA and −3.70 % vs DCMHA, and 1.90–3.70 %
+figures (docs/experiments.md §4): DAMCHA best everywhere, Mix −5.19 % vs MHA and −3.70 % vs DCMHA, and 1.90–3.70 %
 below DCMHA across datasets. A cell is (dataset, variant, flavour, seed): one training run in its own directory
 (``runs/<cell>/metrics.jsonl`` + ``checkpoints/``) whose final metrics go to the result store; a finished cell is
 skipped on rerun and an interrupted one resumes from its newest valid checkpoint. Under ``torchrun`` every cell
@@ -12,7 +12,7 @@ Presets:
   and tied embeddings. The paper gives no recipe [U]; ours: AdamW lr 2.5e-4, β=(0.9, 0.95), weight decay 0.1,
   2,000 warm-up steps then cosine to 0.1·lr, clip 0.25, batch 32×512 tokens, 100k steps (1.64 B tokens), bf16
   autocast on CUDA. **DAMCHA generator**: ``hidden_dims=(1536, 1536)`` (w = 2d) and ``compact_rank=4``: the
-  "P = output multiplicity" reading of App. D.4 (experiments.md §7: d → w → w → P·d, the only reading under which
+  "P = output multiplicity" reading of App. D.4 (docs/experiments.md §7: d → w → w → P·d, the only reading under which
   DAMCHA matches MHA's parameter count at N=12, d=768, w=1536). The generator emits U, V ∈ R^{d×r}, i.e. 2r·d
   outputs, so P = 2r; P = 9 is not a rank, r = 4 (P = 8) is the nearest: G ≈ 22d² ≈ 13.0 M and DAMCHA's attention
   parameters are ≈ 0.96× MHA's. A full D² output would cost w·d² ≈ 906 M parameters.
@@ -48,6 +48,7 @@ from ..engine import (
     evaluate,
     init_distributed,
     parse_overrides,
+    prune_checkpoints,
     result_identity,
     train,
 )
@@ -388,11 +389,7 @@ def _run(args, info: DistInfo) -> int:
                 if store is not None:
                     store.add(key, rows)
                     if not args.keep_checkpoints:
-                        for p in (run_dir / "checkpoints").glob("*.pt"):
-                            if not p.name.startswith("nan_"):
-                                p.unlink()
-                        if not any((run_dir / "checkpoints").iterdir()):
-                            (run_dir / "checkpoints").rmdir()
+                        prune_checkpoints(run_dir)
                 exit_code = max(exit_code, int(status == "nan"))
     if store is not None:
         comp = write_report(out, store, env, args.preset)

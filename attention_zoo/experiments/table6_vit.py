@@ -63,6 +63,7 @@ from ..engine import (
     cleanup_distributed,
     init_distributed,
     parse_overrides,
+    prune_checkpoints,
     result_identity,
     train,
 )
@@ -446,11 +447,7 @@ def _run(args, info: DistInfo) -> int:
                 if store is not None:
                     store.add(key, rows)
                     if not args.keep_checkpoints:
-                        for p in (run_dir / "checkpoints").glob("*.pt"):
-                            if not p.name.startswith("nan_"):
-                                p.unlink()
-                        if (run_dir / "checkpoints").is_dir() and not any((run_dir / "checkpoints").iterdir()):
-                            (run_dir / "checkpoints").rmdir()
+                        prune_checkpoints(run_dir)
                 exit_code = max(exit_code, int(res.status == "nan"))
     if store is not None:
         comp = write_report(out, store, env, args.preset)

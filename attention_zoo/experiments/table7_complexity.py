@@ -1,30 +1,27 @@
 """Table 7 (App. D.3): complexity of MHA vs DAMCHA, measured scaling, and parameter counts under readings of P.
 
-1. The reconstructed complexity table (variants.md §8) as formulas and as MAC numbers at chosen sizes, per
+1. The reconstructed complexity table (docs/variants.md §8) as formulas and as MAC numbers at chosen sizes, per
    layer, for MHA, DAMCHA without sharing and DAMCHA with stack-wise sharing, non-causal and causal.
 2. Measured scaling of single attention layers (every registered variant): forward FLOPs (analytic and
    FlopCounterMode), forward latency (median) and the peak memory of one forward+backward step, swept over T and
    over D; log-log slopes fitted with ``numpy.polyfit`` and plotted.
-3. Parameter counts at GPT-2 scale (N=12, d=768, w=1536, P=9) under the three readings of P (experiments.md §7),
+3. Parameter counts at GPT-2 scale (N=12, d=768, w=1536, P=9) under the three readings of P (docs/experiments.md §7),
    attention-only and whole model, and at N=15 for the "≥ 25 % fewer" claim. The paper's parity claims are
    reported, not asserted.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_csv
 from ..measure import (
-    LOAD_KEYS,
-    ForkServers,
     build_workload,
     count_flops,
     guarded,
@@ -34,25 +31,29 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..registry import get_attention_spec, resolved_options
+from ..registry import get_attention_spec
 from ..report import line_plot, markdown_table, write_tables
-from .common import (
-    add_extra_argument,
-    base_parser,
-    cli_main,
-    open_store,
-    positive_int,
-    select_variants,
-    setup_threads,
-    variant_configs,
-)
+from .common import base_parser, cli_main, open_store, positive_int, setup_threads
+from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
 
 NAME = "table7_complexity"
-SWEEPS = {  # T sweep at d_model, D sweep at seq_len
-    "smoke": dict(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(32, 64, 128), seq_len=256, n_heads=4,
-                  batch=1, warmup=1, repeats=None, min_time_s=0.25, min_repeats=5),
-    "paper": dict(seq_lens=(128, 256, 512, 1024, 2048, 4096), d_model=512, d_models=(128, 256, 512, 1024),
-                  seq_len=1024, n_heads=8, batch=1, warmup=3, repeats=None, min_time_s=1.0, min_repeats=10),
+@dataclass(frozen=True)
+class Preset:
+    """The scaling sweep: T over ``seq_lens`` at ``d_model``, D over ``d_models`` at ``seq_len``."""
+
+    seq_lens: tuple[int, ...]
+    d_model: int
+    d_models: tuple[int, ...]
+    seq_len: int
+    n_heads: int
+    batch: int
+
+
+PRESETS = {
+    "smoke": Preset(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(32, 64, 128), seq_len=256, n_heads=4,
+                    batch=1),
+    "paper": Preset(seq_lens=(128, 256, 512, 1024, 2048, 4096), d_model=512, d_models=(128, 256, 512, 1024),
+                    seq_len=1024, n_heads=8, batch=1),
 }
 
 
@@ -65,7 +66,7 @@ def generator_cost(d: int, h: int, hidden: tuple[int, ...], fused: bool = True) 
     return sum(i * o for i, o in zip(run[:-1], run[1:])), params
 
 
-FORMULAS = [  # component, MHA, DAMCHA no sharing, DAMCHA shared (variants.md §8; MACs per layer, one sequence)
+FORMULAS = [  # component, MHA, DAMCHA no sharing, DAMCHA shared (docs/variants.md §8; MACs per layer, one sequence)
     ("score-forming projection", "Q,K: 2LD²", "X_i m_i: LD²/H", "LD²/H"),
     ("similarity", "QKᵀ: L²D", "(X_i m_i)X_iᵀ: L²D", "L²D"),
     ("softmax (elementwise, not in totals)", "O(HL²)", "O(HL²)", "O(HL²)"),
@@ -120,7 +121,7 @@ def _mlp(widths: tuple[int, ...]) -> int:
 
 
 def generator_readings(d: int, w: int, P: int) -> dict[str, int]:
-    """G for each reading of P (experiments.md §7), plus attention_zoo's default generator for reference."""
+    """G for each reading of P (docs/experiments.md §7), plus attention_zoo's default generator for reference."""
     return {"P = generator depth (d -> w ×8 -> d²)": _mlp((d,) + (w,) * 8 + (d * d,)),
             "P = output multiplicity (d -> w -> w -> P·d)": _mlp((d, w, w, P * d)),
             "P = number of d×d basis metrics (d -> w -> w -> P coefficients, + P·d²)": _mlp((d, w, w, P)) + P * d * d,
@@ -151,20 +152,13 @@ def params_frame(d: int = 768, w: int = 1536, P: int = 9, layers=(12, 15)) -> pd
 
 
 # ---- 2. measured scaling ---------------------------------------------------------------------------------------------
-def guard(lat) -> dict:
-    """The noise guard's verdict and machine load of a latency result, as row fields."""
-    return {"repeats": lat.repeats, "unstable": lat.unstable, "unstable_reason": lat.unstable_reason,
-            **{k: lat.load.get(k) for k in LOAD_KEYS}}
-
-
-def scaling_rows(spec: dict, device: torch.device, sweep: dict, servers) -> list[dict]:
+def scaling_rows(spec: dict, device: torch.device, timing: Timing, servers) -> list[dict]:
     rows = []
 
     def flops_latency():
         wl = build_workload(spec, device)
         rep = count_flops(wl.model, wl.inputs, spec["batch"], spec["seq_len"], counters=("flop_counter",))
-        lat = measure_model_latency(wl, "forward", device, sweep["warmup"], sweep["repeats"],
-                                    min_time_s=sweep["min_time_s"], min_repeats=sweep["min_repeats"])
+        lat = measure_model_latency(wl, "forward", device, **timing.kwargs())
         warn_unstable(f"{spec['attention']} T={spec['seq_len']} D={spec['d_model']} fwd", lat)
         return {"analytic": rep.analytic, "counter": rep.flop_counter, "lat": lat}
 
@@ -172,8 +166,10 @@ def scaling_rows(spec: dict, device: torch.device, sweep: dict, servers) -> list
     if res["status"] == "ok":
         rows += [{"metric": "fwd_gflops_analytic", "value": res["analytic"] / 1e9, "unit": "GFLOP"},
                  {"metric": "flop_counter_gflops", "value": res["counter"] / 1e9, "unit": "GFLOP"},
-                 {"metric": "latency_fwd_median_ms", "value": res["lat"].median_ms, "unit": "ms", **guard(res["lat"])},
-                 {"metric": "latency_fwd_iqr_ms", "value": res["lat"].iqr_ms, "unit": "ms", **guard(res["lat"])}]
+                 {"metric": "latency_fwd_median_ms", "value": res["lat"].median_ms, "unit": "ms",
+                  **res["lat"].guard_fields()},
+                 {"metric": "latency_fwd_iqr_ms", "value": res["lat"].iqr_ms, "unit": "ms",
+                  **res["lat"].guard_fields()}]
     else:
         rows.append({"metric": "latency_fwd_median_ms", "value": float("nan"), "unit": "ms", **res})
     mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads())], device,
@@ -235,56 +231,40 @@ def build_parser():
     p.add_argument("--causal", choices=("both", "true", "false"), default="both", help="masking of the sweep")
     p.add_argument("--seq-lens", type=positive_int, nargs="+", default=None, help="override the T sweep")
     p.add_argument("--d-models", type=positive_int, nargs="+", default=None, help="override the D sweep")
-    p.add_argument("--repeats", type=positive_int, default=None,
-                   help="latency: a fixed number of timed iterations (default: adaptive, at least 5 (smoke CPU) or "
-                        "10 iterations and 0.25 s (smoke CPU) or 1 s)")
-    p.add_argument("--memory-workers", type=positive_int, default=2, help="CPU: concurrent memory-measuring processes")
-    add_extra_argument(p)
+    add_measure_arguments(p)
     return p
 
 
 def run(args) -> int:
     device = resolve_device(args.device)
     setup_threads(args.threads)
-    sweep = dict(SWEEPS[args.preset])
-    if device.type == "cuda" and args.preset == "smoke":
-        sweep.update(warmup=5, min_time_s=1.0, min_repeats=10)
-    for k, v in (("seq_lens", args.seq_lens), ("d_models", args.d_models), ("repeats", args.repeats)):
-        if v:
-            sweep[k] = tuple(v) if isinstance(v, list) else v
-    configs = variant_configs(select_variants(args.variants), args.flavour, args.extra)
+    preset = PRESETS[args.preset]
+    preset = replace(preset, **{k: tuple(v) for k, v in (("seq_lens", args.seq_lens), ("d_models", args.d_models))
+                                if v})
+    timing = timing_for(args, device)
+    sweep = {**config_record(preset), **timing.kwargs()}
     causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
-    points = [(T, sweep["d_model"]) for T in sweep["seq_lens"]]
-    points += [(sweep["seq_len"], D) for D in sweep["d_models"] if (sweep["seq_len"], D) not in points]
-    env = environment_record(device, preset=args.preset, sweep={k: list(v) if isinstance(v, tuple) else v
-                                                                for k, v in sweep.items()})
+    points = [(T, preset.d_model) for T in preset.seq_lens]
+    points += [(preset.seq_len, D) for D in preset.d_models if (preset.seq_len, D) not in points]
+    env = environment_record(device, preset=args.preset, sweep=sweep)
     store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra"), sweep=sweep)
-    cells, attention_of = [], {}
-    for name, f, options, label in configs:
-        attention_of[label] = (name, options)
+    cells, row_of = [], {}
+    for row in attention_rows(args):
+        row_of[row.label] = row
         for causal in causals:
-            if causal and not get_attention_spec(name).causal_ok:
+            if causal and not get_attention_spec(row.name).causal_ok:
                 continue
-            for T, D in points:
-                cells.append({"variant": label, "flavour": f, "causal": causal, "seq_len": T, "d_model": D,
-                              "n_heads": sweep["n_heads"], "batch": sweep["batch"], "preset": args.preset,
-                              "device": device.type, "attention_options": json.dumps(
-                                  resolved_options(name, {"flavor": f, **options}), sort_keys=True, default=str)})
-    todo = store.pending(cells)
-    with ForkServers(args.memory_workers) as servers:
-        for cell in tqdm(todo, desc=NAME, disable=args.quiet):
-            if not store.claim(cell):  # done or being measured by another process on this --out
-                continue
-            name, options = attention_of[cell["variant"]]
-            spec = workload_spec(attention=name, options={"flavor": cell["flavour"], **options}, causal=cell["causal"],
-                                 d_model=cell["d_model"], n_heads=cell["n_heads"], batch=cell["batch"],
-                                 seq_len=cell["seq_len"])
-            try:
-                rows = scaling_rows(spec, device, sweep, servers if device.type == "cpu" else None)
-            except BaseException:
-                store.release(cell)
-                raise
-            store.add(cell, rows)
+            cells += [{**row.cell_fields(), "causal": causal, "seq_len": T, "d_model": D, "n_heads": preset.n_heads,
+                       "batch": preset.batch, "preset": args.preset, "device": device.type} for T, D in points]
+
+    def measure(cell, servers):
+        row = row_of[cell["variant"]]
+        spec = workload_spec(attention=row.name, options=row.module_options, causal=cell["causal"],
+                             d_model=cell["d_model"], n_heads=cell["n_heads"], batch=cell["batch"],
+                             seq_len=cell["seq_len"])
+        return scaling_rows(spec, device, timing, servers)
+
+    measure_cells(store, cells, measure, device, args.memory_workers, NAME, args.quiet)
     df = store.frame(cells)
     t_df = df[df["d_model"] == sweep["d_model"]] if not df.empty else df
     d_df = df[df["seq_len"] == sweep["seq_len"]] if not df.empty else df
@@ -313,11 +293,11 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
     cols = ["reading of P", "N", "sharing", "G", "MHA attention", "DAMCHA attention", "attention ratio",
             "attention reduction %", "MHA whole model", "DAMCHA whole model", "whole-model ratio"]
     return "\n".join([
-        "## Complexity (variants.md §8), MACs per layer for one sequence of length L", "",
+        "## Complexity (docs/variants.md §8), MACs per layer for one sequence of length L", "",
         markdown_table(formulas), "G_c: MACs of one generator call (fused RowSum: the last layer runs D²/H outputs); "
         "G: generator parameters.", "", "### Numbers (MACs per layer; attention params per stack)", "",
         markdown_table(nums, floatfmt=".4g"),
-        "## Parameter counts at GPT-2 scale (d=768, w=1536, P=9) under the readings of P (experiments.md §7)", "",
+        "## Parameter counts at GPT-2 scale (d=768, w=1536, P=9) under the readings of P (docs/experiments.md §7)", "",
         "Claims (reported, not asserted): (A) parity with MHA at N=12; (B) ≈25 % fewer attention parameters for "
         "N ≥ 15. Whole model = GPT-2 small (vocab 50257, context 1024, tied head, 4d MLP).", "",
         markdown_table(params[params["sharing"] == "shared"][cols], floatfmt=".4f"),

@@ -131,6 +131,11 @@ class LatencyResult:
             self.unstable = True
             self.unstable_reason = f"{self.unstable_reason}; {r}" if self.unstable_reason else r
 
+    def guard_fields(self) -> dict:
+        """The noise guard's verdict and the machine load around the timing, as result-row fields."""
+        return {"threads": self.threads, "repeats": self.repeats, "unstable": self.unstable,
+                "unstable_reason": self.unstable_reason, **{k: self.load.get(k) for k in LOAD_KEYS}}
+
     def summary(self) -> dict:
         out = asdict(self)
         out.pop("times_ms")

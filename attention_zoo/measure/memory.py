@@ -1,4 +1,4 @@
-"""Peak memory of one step, in MiB (2**20 bytes), conventions.md §3.
+"""Peak memory of one step, in MiB (2**20 bytes), docs/conventions.md §3.
 
 Modes: ``forward`` (eval + inference_mode), ``fwd_bwd`` (train mode, forward + backward) and ``train``
 (forward + backward + one AdamW step).

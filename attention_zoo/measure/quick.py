@@ -25,9 +25,10 @@ import sys
 
 import torch
 
-from ..envinfo import device_name, resolve_device
+from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
+from ..envinfo import device_name, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
-from ..registry import get_attention_spec, is_attention, list_attentions
+from ..registry import get_attention_spec, is_attention, select_attentions
 from .flops import analytic_flops
 from .latency import LOAD_KEYS, LatencyResult, LoadProbe, measure_latency, measure_model_latency, step_fn
 from .memory import measure_memory_many, memory_item
@@ -35,18 +36,6 @@ from .status import guarded
 from .workload import build_workload, workload_spec
 
 BASELINE, METHOD = "mha", "damcha"
-
-
-def select(spec: str) -> list[str]:
-    """Comma-separated names or wildcards -> registered names; ValueError lists the available ones."""
-    names = []
-    for pat in (s.strip() for s in spec.split(",") if s.strip()):
-        hits = list_attentions(pat)
-        if not hits:
-            raise ValueError(f"variants: {pat!r} matches no registered attention; available: "
-                             f"{', '.join(list_attentions())}")
-        names += [h for h in hits if h not in names]
-    return names
 
 
 def gemm_gflops(device: torch.device, n: int = 2048, warmup: int = 3, repeats: int = 10) -> float:
@@ -211,29 +200,29 @@ def summary_lines(rows: dict, gemm: float, layers: int) -> list[str]:
     ]
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.measure.quick", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated names/wildcards (default: {BASELINE},{METHOD} where registered)")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--layers", type=int, default=4, help="decoder layers")
-    p.add_argument("--vocab", type=int, default=256, help="decoder vocabulary")
+    p.add_argument("--batch", type=positive_int, default=4)
+    p.add_argument("--seq-len", type=positive_int, default=512)
+    p.add_argument("--d-model", type=positive_int, default=256)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--layers", type=positive_int, default=4, help="decoder layers")
+    p.add_argument("--vocab", type=positive_int, default=256, help="decoder vocabulary")
     p.add_argument("--flavor", default="paper", choices=("paper", "damcha_repo", "both"),
                    help="flavour(s) of each variant; variants without the flavour are skipped")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (every case once per round)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (every case once per round)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--csv", "--out", dest="csv", default=None, help="optional CSV of the rows")
     p.add_argument("--md", default=None, help="optional markdown table of the rows")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_threads(args.threads)
     device = resolve_device(args.device)
     if args.variants is None:
         names = [n for n in (BASELINE, METHOD) if is_attention(n)]
@@ -241,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             if not is_attention(n):
                 print(f"[skip] '{n}' is not registered yet: its rows are skipped", file=sys.stderr)
     else:
-        names = select(args.variants)
+        names = select_attentions(args.variants)
     if is_attention(BASELINE) and BASELINE not in names:
         names = [BASELINE, *names]  # every ratio is to MHA's case of the same kind
 

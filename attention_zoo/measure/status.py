@@ -1,4 +1,4 @@
-"""Out-of-memory and failure handling for sweeps: an OOM never aborts a sweep (conventions.md §6)."""
+"""Out-of-memory and failure handling for sweeps: an OOM never aborts a sweep (docs/conventions.md §6)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A measurable unit of work built from a JSON-able spec: model, fixed inputs and a training loss.
 
 The same spec builds the same model and the same seeded inputs in this process and in a fresh subprocess
-(the CPU peak-RSS path), so every measurement kind sees identical work (conventions.md §1).
+(the CPU peak-RSS path), so every measurement kind sees identical work (docs/conventions.md §1).
 """
 
 from __future__ import annotations

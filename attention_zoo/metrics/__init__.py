@@ -1,4 +1,4 @@
-"""Metrics for the generation tables (experiments.md §3).
+"""Metrics for the generation tables (docs/experiments.md §3).
 
 - ``metrics.images``: FID/KID through torch-fidelity (offline standard Inception weights), per-sample MSE and
   feature distance, FID@Top-50 as the authors select it.

@@ -1,4 +1,4 @@
-"""Image metrics for Tables 1, 3, 4 (experiments.md §3.1), all through torch-fidelity (no hand-written Fréchet code).
+"""Image metrics for Tables 1, 3, 4 (docs/experiments.md §3.1), all through torch-fidelity (no custom Fréchet code).
 
 - **Features**: any torch-fidelity feature extractor by name (``register_extractor`` adds one, e.g. a tiny random
   net in tests). The default ``inception-v3-compat`` is torch-fidelity's TF-exact FID Inception with the standard

@@ -1,4 +1,4 @@
-"""Text metrics for Tables 1 and 4 (experiments.md §3.2): per-example NLL, BERTScore, BARTScore.
+"""Text metrics for Tables 1 and 4 (docs/experiments.md §3.2): per-example NLL, BERTScore, BARTScore.
 
 - **NLL**: per example, teacher-forced cross-entropy (nats) averaged over its target tokens and the EOS (the
   positions the packed loss mask marks, see ``data.seq2seq``).

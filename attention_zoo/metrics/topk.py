@@ -1,4 +1,4 @@
-"""The @Top-50 selection rules (experiments.md §3) and the per-sample score files they are recomputed from.
+"""The @Top-50 selection rules (docs/experiments.md §3) and the per-sample score files they are recomputed from.
 
 Rules (k = 50 unless told otherwise):
 - ``mse_top50``: indices of the k lowest per-image MSEs (images; old and new code). FID@Top-50 is the FID between

@@ -31,7 +31,7 @@ class Decoder(nn.Module):
 
     ``forward(tokens [B,T], padding_mask=None) -> ModelOutput(logits [B,T,V], aux_loss)``. Defaults are GPT-2-like
     (pre-LN, learned positions, tied output head); ``norm="post", positions="sinusoidal"`` is the DAMCHA authors'
-    decoder (variants.md §0.2). ``share_mlp=True``: DAMCHA's metric generator is built once at construction, run
+    decoder (docs/variants.md §0.2). ``share_mlp=True``: DAMCHA's metric generator is built once at construction, run
     once per forward on the stack input (embeddings + positions), and its metrics are reused by every layer.
 
     Raises:

@@ -59,7 +59,7 @@ class FeedForward(nn.Sequential):
 
 
 class Block(nn.Module):
-    """Pre-LN: x + Attn(LN(x)), x + FFN(LN(x)). Post-LN (variants.md §0.2): LN(x + Attn(x)), LN(x + FFN(x))."""
+    """Pre-LN: x + Attn(LN(x)), x + FFN(LN(x)). Post-LN (docs/variants.md §0.2): LN(x + Attn(x)), LN(x + FFN(x))."""
 
     def __init__(self, attn: nn.Module, d_model: int, d_ff: int, dropout: float, norm: str):
         super().__init__()

@@ -1,6 +1,6 @@
 """Shared machinery of every attention: input validation, mask resolution, the forward skeleton.
 
-Mask convention (DESIGN.md): ``padding_mask`` bool/int [B,T], True = real token; ``attn_mask`` bool/int
+Mask convention (docs/design.md): ``padding_mask`` bool/int [B,T], True = real token; ``attn_mask`` bool/int
 (True = visible) or float (added to the logits), shaped [T,S], [B,T,S] or [B,H,T,S]. Everything is
 resolved once into a boolean ``keep`` mask plus a finite additive ``bias``; query rows with no visible
 key ("dead" rows) get zero logits before the softmax and zero output after it, so they stay finite.

@@ -1,5 +1,5 @@
 """ColMHA: collaborative multi-head attention (Cordonnier, Loukas, Jaggi, "Multi-Head Attention: Collaborate
-Instead of Concatenate", arXiv 2006.16362; reference code epfml/collaborative-attention). variants.md §4.
+Instead of Concatenate", arXiv 2006.16362; reference code epfml/collaborative-attention). docs/variants.md §4.
 
 ``paper``: all heads share one query and one key projection W̃_Q, W̃_K ∈ R^{D×D̃} (no bias, as in the official
 code); head i re-weights the shared D̃-dim space with a mixing vector m_i and adds a content bias x_s·c_i that
@@ -18,7 +18,7 @@ I + 0.01·N(0,1)); scaled by 1/√d_h. A re-parametrisation of MHA (C = I gives 
 
 Compute (``paper``): the mixed queries Q̃ ⊙ m_i [B,H,T,D̃] meet the shared keys K̃ in one batched GEMM
 [B, H·T, D̃] @ [B, D̃, S] (K̃ is never copied per head), the content bias is added as a [B,H,1,S] term and the
-harness softmax path applies the masks. The per-head queries cost H× the memory of Q (variants.md §4.4).
+harness softmax path applies the masks. The per-head queries cost H× the memory of Q (docs/variants.md §4.4).
 F.scaled_dot_product_attention with the content bias as a float mask gives the same values but is slower on
 CPU: its fused CPU kernel needs equal q/v head dims (D̃ ≠ d_h here), so it falls back to the math path, which
 copies K̃ per head and builds a [B,H,T,S] float mask on top of the logits (B=4, T=512, D=256, H=8, 2 threads,
@@ -138,7 +138,7 @@ class CollaborativeAttention(AttentionBase):
     def analytic_flops(self, batch: int, seq_len: int) -> int:
         """Forward FLOPs at 2 per multiply-add.
 
-        ``paper``: Q̃, K̃ 4TDD̃; V, O 4TD²; mixing Q̃ ⊙ m_i 2THD̃ (counted as T·H·D̃ MACs as in variants.md §9,
+        ``paper``: Q̃, K̃ 4TDD̃; V, O 4TD²; mixing Q̃ ⊙ m_i 2THD̃ (counted as T·H·D̃ MACs as in docs/variants.md §9,
         although it is an elementwise product); content bias 2TDH; scores 2HD̃TS; AV 2TSD.
         ``damcha_repo``: MHA (8TD² + 4TSD) plus the two chunk mixes 2·2T·H²·d_h = 4THD.
         """

@@ -1,4 +1,4 @@
-"""DCMHA: Dynamically Composable Multi-Head Attention (Xiao et al. 2024, arXiv 2405.08553; variants.md §3)."""
+"""DCMHA: Dynamically Composable Multi-Head Attention (Xiao et al. 2024, arXiv 2405.08553; docs/variants.md §3)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ class DynamicallyComposableMHA(AttentionBase):
     autograd every block's saved tensors stay alive until backward).
 
     Parameters as built: 4D^2 (+4D bias) + n (D C + 2 R C H + D H) (+ H^2 per stage with ``use_static``),
-    n = number of splits. With the defaults (R = 2, C = 4H, n = 4) this is exactly the spec's
-    4D^2 + 4D + 20DH + 64H^2 (variants.md §3.5; 90,624 at D = 128, H = 8), not an approximation.
+    n = number of splits. With the defaults (R = 2, C = 4H, n = 4) this is exactly the documented
+    4D^2 + 4D + 20DH + 64H^2 (docs/variants.md §3.5; 90,624 at D = 128, H = 8), not an approximation.
 
     ``damcha_repo`` (the DAMCHA authors' ``DCMHAAttention``): one pre-softmax composition per query,
     alpha = softmax over source heads of Router(x_t) reshaped [H_in, H_out], Router = Linear(D, r) -> tanh
@@ -220,7 +220,7 @@ class DynamicallyComposableMHA(AttentionBase):
 
         paper: generator 2T n (DC + 2RCH + DH); per stage and (t, s): 2RH + H MACs per side that is on
         (R projections, R expansions, one gate) + H^2 with ``use_static`` -> defaults: 2T(20DH + 64H^2)
-        + 40H T^2 (variants.md §3.5). damcha_repo: 2(T(Dr + rH^2) + TDH + T^2 H^2). Softmax, RMS norm,
+        + 40H T^2 (docs/variants.md §3.5). damcha_repo: 2(T(Dr + rH^2) + TDH + T^2 H^2). Softmax, RMS norm,
         GELU/tanh, masking and the identity branch are elementwise and excluded.
         """
         D, H, T = self.d_model, self.n_heads, seq_len

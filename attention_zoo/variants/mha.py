@@ -13,7 +13,7 @@ class MultiHeadAttention(AttentionBase):
     """Multi-head attention on F.scaled_dot_product_attention (``fused=False``: explicit math path)."""
 
     fused_kernel = True
-    flavors = ("paper",)  # the DAMCHA authors ran the same method (variants.md §1)
+    flavors = ("paper",)  # the DAMCHA authors ran the same method (docs/variants.md §1)
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
 """MMA: mixed multi-head self-attention (Cui, Iida, Hung, Utsuro, Nagata, "Mixed Multi-Head Self-Attention for
-Neural Machine Translation", WNGT 2019, ACL Anthology D19-5622). variants.md §5.
+Neural Machine Translation", WNGT 2019, ACL Anthology D19-5622). docs/variants.md §5.
 
 Plain MHA weights (same ``qkv``/``out_proj`` layout as mha.py, so weights copy); each head belongs to one of four
 groups with a fixed visibility mask over query i and key j (the diagonal j = i is always visible):
@@ -15,7 +15,7 @@ backward      j ≥ i  (future)                 j ≥ i                         
 ============  ==============================  ==================================  ============================
 
 Direction convention: "forward" heads read the past and the current token, "backward" heads the current token and
-the future (DiSAN); the paper does not fix this, nor the diagonal, window or head allocation (variants.md §5.1).
+the future (DiSAN); the paper does not fix this, nor the diagonal, window or head allocation (docs/variants.md §5.1).
 Head allocation: ``paper`` gives H/4 contiguous heads to each group in the order global, local, forward, backward;
 ``damcha_repo`` assigns head h to group h mod 4 (round robin) and uses the repository's one-sided window
 j ∈ [i − 7, i] for ``window=8``. The repository's module hard-codes causality for its global and forward heads

@@ -1,4 +1,4 @@
-"""THA: Talking-Heads Attention (Shazeer et al. 2020, arXiv 2003.02436; variants.md §2)."""
+"""THA: Talking-Heads Attention (Shazeer et al. 2020, arXiv 2003.02436; docs/variants.md §2)."""
 
 from __future__ import annotations
 
