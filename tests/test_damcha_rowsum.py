@@ -137,3 +137,24 @@ def test_collapsed_option_validation_and_inspection():
     zoo.variants.damcha.set_block_scales(model, 1.0, 0.0)
     with pytest.raises(ValueError, match="^block_scales:"):
         model(torch.randint(0, V, (2, 6)))
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_rowsum_linear_function_matches_autograd_through_the_fold(scaled):
+    # the non-causal fused final layer: a custom backward that writes ∂W block row by block row
+    from attention_zoo.variants.damcha_generator import _RowSumLinear, block_scale_matrix, fold_rowsum
+
+    torch.manual_seed(0)
+    w = 5
+    z = torch.randn(3, w, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(D * D, w, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(D * D, dtype=torch.float64, requires_grad=True)
+    S = block_scale_matrix(H, 0.7, -0.3, W) if scaled else None
+    g = torch.randn(3, H * dh * dh, dtype=torch.float64)
+    got = _RowSumLinear.apply(z, W, b, H, S)
+    grads = torch.autograd.grad(got, (z, W, b), g)
+    want = F.linear(z, *fold_rowsum(W, b, H, S))
+    want_grads = torch.autograd.grad(want, (z, W, b), g)
+    assert_close(got, want, rtol=0, atol=0)
+    for a, c in zip(grads, want_grads):
+        assert_close(a, c)

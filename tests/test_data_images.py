@@ -12,27 +12,29 @@ import numpy as np
 import pytest
 import torch
 
-from attention_zoo.data.images import (
-    CIFAR,
-    DatasetError,
-    DatasetNotFoundError,
-    IndexSampler,
+from attention_zoo.data.image_tasks import (
     PatchEvaluator,
     PatchSampler,
     PatchTask,
     PixelEvaluator,
     PixelSampler,
     PixelTokenizer,
-    load_cifar,
-    load_digits_images,
-    load_images,
     masked_mse_per_sample,
     masked_patch_mse,
     patchify,
     to_unit_range,
-    train_val_split,
     unpatchify,
 )
+from attention_zoo.data.images import (
+    CIFAR,
+    DatasetError,
+    DatasetNotFoundError,
+    load_cifar,
+    load_digits_images,
+    load_images,
+    train_val_split,
+)
+from attention_zoo.data.sampling import IndexSampler
 
 
 def _cifar_members(name, n=3, seed=0):

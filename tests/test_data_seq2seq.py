@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from attention_zoo.data.images import DatasetError, DatasetNotFoundError
+from attention_zoo.data.fetch import DatasetError, DatasetNotFoundError
 from attention_zoo.data.seq2seq import (
     COMMONGEN_PROMPT,
     IGNORE_INDEX,

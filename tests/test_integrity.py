@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from attention_zoo.data import images as di
-from attention_zoo.data.text import CorpusError, RemoteCorpus, fetch_corpus
+from attention_zoo.data.fetch import DatasetError
+from attention_zoo.data.text import RemoteCorpus, fetch_corpus
 from attention_zoo.engine.checkpoint import _HEADER, MAGIC, CheckpointManager
 from attention_zoo.metrics import images as mi
 
@@ -120,7 +121,7 @@ def test_extracted_corpus_is_checked_on_every_load(tmp_path):
     raw.write_bytes(good)
     assert fetch_corpus(spec, tmp_path, download_ok=False) == raw
     raw.write_bytes(good[:-1] + b"!")
-    with pytest.raises(CorpusError, match="SHA-256 mismatch"):
+    with pytest.raises(DatasetError, match="SHA-256 mismatch"):
         fetch_corpus(spec, tmp_path, download_ok=False)
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from attention_zoo.data.fetch import DatasetNotFoundError
 from attention_zoo.data.imagefolder import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -25,7 +26,6 @@ from attention_zoo.data.imagefolder import (
     soft_targets,
     train_transform,
 )
-from attention_zoo.data.images import DatasetNotFoundError
 from attention_zoo.engine.distributed import DistInfo
 from attention_zoo.experiments import table6_vit as t6
 from attention_zoo.io import read_jsonl

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from attention_zoo.data.fetch import DatasetError, DatasetNotFoundError
 from attention_zoo.data.text import (
     DATA_ENV,
     REMOTE,
-    CorpusError,
-    CorpusNotFoundError,
     RemoteCorpus,
     WindowEvaluator,
     WindowSampler,
@@ -109,17 +108,17 @@ def test_download_from_loopback_and_mix(server, tmp_path):
 def test_checksum_mismatch_is_rejected(server, tmp_path):
     specs, _ = server
     bad = RemoteCorpus(**{**specs["text8"].__dict__, "archive_sha256": "0" * 64})
-    with pytest.raises(CorpusError, match="SHA-256 mismatch"):
+    with pytest.raises(DatasetError, match="SHA-256 mismatch"):
         fetch_corpus(bad, tmp_path / "data")
     assert not any((tmp_path / "data" / "text8").iterdir())  # nothing half-downloaded is kept
     bad_member = RemoteCorpus(**{**specs["text8"].__dict__, "member_sha256": "0" * 64})
-    with pytest.raises(CorpusError, match="SHA-256 mismatch"):
+    with pytest.raises(DatasetError, match="SHA-256 mismatch"):
         fetch_corpus(bad_member, tmp_path / "data")
 
 
 def test_missing_corpus_and_bad_paths_give_clear_errors(server, tmp_path, monkeypatch):
     specs, _ = server
-    with pytest.raises(CorpusNotFoundError, match="enwik8.zip"):
+    with pytest.raises(DatasetNotFoundError, match="enwik8.zip"):
         load_char_corpus("enwik8", tmp_path / "empty", download_ok=False, remote=specs)
     not_dir = tmp_path / "file"
     not_dir.write_text("x")
@@ -130,7 +129,7 @@ def test_missing_corpus_and_bad_paths_give_clear_errors(server, tmp_path, monkey
     with pytest.raises(ValueError, match="dataset"):
         load_char_corpus("wikitext", tmp_path)
     offline = RemoteCorpus("enwik8", "http://127.0.0.1:9/enwik8.zip", "enwik8.zip", "enwik8", None, None)
-    with pytest.raises(CorpusError, match="download of"):
+    with pytest.raises(DatasetError, match="download of"):
         fetch_corpus(offline, tmp_path / "off")
 
 
@@ -138,10 +137,10 @@ def test_corrupt_zip_is_a_clear_error(tmp_path):
     spec = RemoteCorpus("enwik8", "http://127.0.0.1:9/enwik8.zip", "enwik8.zip", "enwik8", None, None, None)
     (tmp_path / "enwik8").mkdir()
     (tmp_path / "enwik8" / "enwik8.zip").write_bytes(b"PK\x03\x04 definitely not a zip")
-    with pytest.raises(CorpusError, match="not a valid zip"):
+    with pytest.raises(DatasetError, match="not a valid zip"):
         fetch_corpus(spec, tmp_path, download_ok=False)
     (tmp_path / "enwik8" / "enwik8.zip").write_bytes(_zip_bytes("other", b"abc"))
-    with pytest.raises(CorpusError, match="no member"):
+    with pytest.raises(DatasetError, match="no member"):
         fetch_corpus(spec, tmp_path, download_ok=False)
 
 

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .images import DatasetNotFoundError, IndexSampler
+from .fetch import DatasetNotFoundError
+from .sampling import IndexSampler
 from .text import resolve_data_dir
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .images import DatasetError, DatasetNotFoundError, IndexSampler
+from .fetch import DatasetError, DatasetNotFoundError
+from .sampling import IndexSampler
 from .text import DATA_ENV, resolve_data_dir
 
 IGNORE_INDEX = -100  # targets that carry no loss (torch's cross_entropy default, as the training loop uses)

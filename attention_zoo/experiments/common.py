@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import bool_params
 from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI helpers from here
     HelpFormatter,
     cli_main,
@@ -115,10 +116,9 @@ def _parse_value(raw: str, bool_option: bool = False):
 
 def _bool_options(name: str) -> set[str]:
     """Options of attention ``name`` typed ``bool`` (constructor annotations; DAMCHA's generator config too)."""
-    from ..variants.base import _bool_params
 
     spec = get_attention_spec(name)
-    out = {n for n, _ in _bool_params(getattr(spec.cls.__init__, "__wrapped__", spec.cls.__init__))}
+    out = {n for n, _ in bool_params(getattr(spec.cls.__init__, "__wrapped__", spec.cls.__init__))}
     if "hidden_dims" in spec.options:  # DAMCHA: options taken through its generator config
         from ..variants.damcha_generator import MetricConfig
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..data import image_tasks as dt
 from ..data import images as di
 from ..data import seq2seq as s2s
 from ..engine import TrainConfig, lm_loss, load_checkpoint, train
@@ -147,23 +148,23 @@ class ImageData:
         self.name, self.task, self.n_train = name, o.image_task, len(train_imgs)
         self.eval_images = val[: o.image_eval]
         if self.task == "patch":
-            self.train_set, self.val_set, self.eval_set = (di.PatchTask(x, 4, 1, min(3, x.shape[2] // 4))
+            self.train_set, self.val_set, self.eval_set = (dt.PatchTask(x, 4, 1, min(3, x.shape[2] // 4))
                                                            for x in (train_imgs, val, self.eval_images))
             self.patch_dim, self.n_tokens, self.loss_fn = self.train_set.patch_dim, self.train_set.n_tokens, \
-                di.masked_patch_mse
+                dt.masked_patch_mse
         else:
-            self.tok = di.PixelTokenizer(o.pixel_mode)
+            self.tok = dt.PixelTokenizer(o.pixel_mode)
             self.train_set, self.val_set, self.eval_set = (self.tok.encode(x) for x in
                                                            (train_imgs, val, self.eval_images))
             self.vocab_size, self.seq_len, self.loss_fn = self.tok.model_vocab_size, self.train_set.shape[1], lm_loss
             self.eval_images = self.tok.decode(self.eval_set, *val.shape[2:])  # what the tokens can represent
 
     def sampler(self, batch: int, seed: int):
-        return (di.PatchSampler if self.task == "patch" else di.PixelSampler)(self.train_set, batch, seed)
+        return (dt.PatchSampler if self.task == "patch" else dt.PixelSampler)(self.train_set, batch, seed)
 
     def batches(self, split: str, batch: int):
         data = self.val_set if split == "val" else self.eval_set
-        return di.PatchEvaluator(data, batch) if self.task == "patch" else di.PixelEvaluator(data, batch)
+        return dt.PatchEvaluator(data, batch) if self.task == "patch" else dt.PixelEvaluator(data, batch)
 
 
 class TextData:
@@ -303,7 +304,7 @@ def score_images(ctx: Context, model: nn.Module, data: ImageData) -> tuple[list[
         b = tuple(t.to(ctx.device) for t in batch)
         logits = model(*b[:-1]).logits.float()
         if data.task == "patch":
-            mse.append(di.masked_mse_per_sample(logits, b[2], b[1]).double().cpu())
+            mse.append(dt.masked_mse_per_sample(logits, b[2], b[1]).double().cpu())
             recs.append(data.eval_set.reconstruct(batch, logits.cpu()))
         else:
             nll.append(nn.functional.cross_entropy(logits.transpose(1, 2), b[1], reduction="none").mean(1).cpu())

@@ -1,4 +1,4 @@
-"""Forward FLOPs three ways, with honest units (conventions.md §4, environment.md §2).
+"""Forward FLOPs three ways, with honest units (docs/conventions.md §4, docs/environment.md §2).
 
 - ``fwd_gflops_analytic``: the modules' own closed forms (2 FLOPs per multiply-add, dense kernels, softmax /
   masking / normalisation / elementwise excluded): every attention module's ``analytic_flops``, every
@@ -6,11 +6,12 @@
 - ``fvcore_gmacs``: fvcore ``FlopCountAnalysis``, which counts one multiply-add as one "flop", i.e. **MACs**.
   Handles are registered so that nothing our variants run is left unsupported: an SDPA handle (fvcore has
   none and would count the attention core as 0), an exact einsum handle (fvcore's own rounds 4-D patterns), an
-  exact matmul handle (fvcore's undercounts a broadcast first operand), baddbmm, the custom autograd Function of
-  MoA's grouped expert GEMM (an opaque ``prim::PythonOp`` to the tracer), and ``None`` (counted as 0, on purpose)
-  for norms, softmax and elementwise / indexing / routing ops.
-- ``flop_counter_gflops``: ``torch.utils.flop_counter.FlopCounterMode`` (2 per MAC) with a formula for
-  ``aten._scaled_dot_product_flash_attention_for_cpu``, which it otherwise counts as 0 without a warning.
+  exact matmul handle (fvcore's undercounts a broadcast first operand), baddbmm, the custom autograd Functions of
+  MoA's grouped expert GEMM and DAMCHA's folded generator layer (opaque ``prim::PythonOp``s to the tracer), and
+  ``None`` (counted as 0, on purpose) for norms, softmax and elementwise / indexing / routing ops.
+- ``flop_counter_gflops``: ``torch.utils.flop_counter.FlopCounterMode`` (2 per MAC) with formulas for
+  ``aten._scaled_dot_product_flash_attention_for_cpu`` and ``aten._grouped_mm``, which it otherwise counts as 0
+  without a warning.
 
 Each counter is compared with the analytic count; a relative difference above ``tol`` (2 %) is flagged.
 Tracing (fvcore) freezes data-dependent control flow such as top-k routing to the example input.
@@ -32,7 +33,7 @@ from ..variants.base import AttentionBase
 # Ops that do no multiply-add work worth counting (elementwise, reductions, softmax, norms, indexing, routing,
 # shape and scalar arithmetic): explicitly counted as 0 so that ``unsupported_ops()`` stays empty.
 ZERO_COST_OPS = tuple(f"aten::{op}" for op in """
-abs add add_ addcmul addcmul_ all amax amin any arange argmax argsort batch_norm bernoulli_ bitwise_and
+abs add add_ addcmul addcmul_ all amax amin any arange argmax argsort batch_norm bernoulli_ bincount bitwise_and
 bitwise_not bitwise_or cat ceil chunk clamp clamp_min clamp_max clone contiguous cos cumsum detach div div_ dropout
 embedding empty empty_like eq erf exp expand expand_as eye feature_dropout fill_ flatten floor_divide
 full full_like gather ge gelu group_norm gt index index_add index_put_ index_select instance_norm isinf isnan
@@ -102,6 +103,9 @@ def fvcore_handles() -> dict:
         w = get_shape(inputs[1])
         return _prod(get_shape(inputs[2])) * w[-2] * w[-1]  # every (token, slot) pair runs one n_in×n_out GEMV
 
+    def rowsum_linear(inputs, outputs):  # (z [n, w], W [D², w], ...) -> [n, H·dh·dh]: a Linear on the folded W
+        return _prod(get_shape(outputs[0])) * get_shape(inputs[0])[-1]
+
     def einsum(inputs, outputs):
         shapes = [get_shape(v) for v in inputs[1].node().inputs()]
         return einsum_macs(inputs[0].toIValue(), shapes)
@@ -113,8 +117,10 @@ def fvcore_handles() -> dict:
     handles = {op: zero if op.endswith("_norm") else None for op in ZERO_COST_OPS}
     handles.update({"aten::scaled_dot_product_attention": sdpa, "aten::matmul": matmul, "aten::mm": matmul,
                     "aten::einsum": einsum, "aten::baddbmm": baddbmm,
-                    # custom autograd Functions trace as opaque PythonOps: MoA's grouped per-expert GEMM
-                    "prim::PythonOp._ExpertLinear": grouped_expert_matmul})
+                    # custom autograd Functions trace as opaque PythonOps: MoA's grouped per-expert GEMM and
+                    # DAMCHA's RowSum-folded final generator layer (the fold's additions count 0, as elsewhere)
+                    "prim::PythonOp._ExpertLinear": grouped_expert_matmul,
+                    "prim::PythonOp._RowSumLinear": rowsum_linear})
     return handles
 
 
@@ -148,11 +154,20 @@ def _cpu_flash_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
     return 2 * _prod(query[:-2]) * query[-2] * key[-2] * (query[-1] + value[-1])
 
 
+def _grouped_mm_flops(mat_a, mat_b, *args, out_shape=None, **kwargs) -> int:
+    """FlopCounterMode formula for aten._grouped_mm (MoA's expert GEMM), which it otherwise counts as 0."""
+    if len(mat_a) == 2 and len(mat_b) == 2:  # [K, M] x [M, N] -> [G, K, N], M split into groups: Σ_g K·M_g·N
+        return 2 * mat_a[0] * mat_a[1] * mat_b[1]
+    return 2 * _prod(out_shape) * mat_a[-1]  # every output element of its own group is one K-long dot product
+
+
 def flop_counter_count(model: nn.Module, inputs: tuple) -> tuple[int, dict[str, int]]:
     """FlopCounterMode FLOPs (2 per MAC) of ``model(*inputs)`` in eval mode, and the per-op split."""
     from torch.utils.flop_counter import FlopCounterMode
 
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops}
+    if hasattr(torch.ops.aten, "_grouped_mm"):
+        mapping[torch.ops.aten._grouped_mm] = _grouped_mm_flops
     model.eval()
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as fc:
         model(*inputs)

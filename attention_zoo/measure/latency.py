@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..variants.base import check_positive_int
+from ..checks import check_positive_int
 from .workload import Workload
 
 MODES = ("forward", "fwd_bwd")

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import check_choice, check_positive_int
 from ..registry import create_attention
-from ..variants.base import check_choice, check_positive_int, collect_aux_losses
+from ..variants.base import collect_aux_losses
 
 KINDS = ("attention", "decoder")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.images import from_unit_range, to_unit_range
+from ..data.image_tasks import from_unit_range, to_unit_range
 from ..io import atomic_write_bytes
 from .topk import TopK, feature_top50, mse_top50
 

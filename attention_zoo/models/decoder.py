@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..variants.base import check_choice, check_positive_int
+from ..checks import check_choice, check_positive_int
 from .stack import AttentionStack, StackConfig
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_choice, check_fraction, check_positive_int
 from ..registry import create_attention, get_attention_spec
-from ..variants.base import check_choice, check_fraction, check_positive_int
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..variants.base import check_positive_int
+from ..checks import check_positive_int
 from .decoder import ModelOutput
 from .stack import AttentionStack, StackConfig
 

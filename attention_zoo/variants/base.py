@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import abc
 import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..checks import (  # noqa: F401 - the variants take their checks from here
+    _err,
+    bool_params,
+    check_bool_options,
+    check_choice,
+    check_fraction,
+    check_positive_int,
+)
 
 
 @dataclass
@@ -122,52 +130,6 @@ def resolve_masks(
     return Masks(keep, bias, dead, padding_mask, causal, only_causal)
 
 
-def _err(arg: str, msg: str) -> ValueError:
-    return ValueError(f"{arg}: {msg}")
-
-
-def check_positive_int(name: str, value, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        raise _err(name, f"expected a {'non-negative' if allow_zero else 'positive'} int, got {value!r}")
-    return value
-
-
-def check_choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise _err(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
-def _bool_params(init) -> tuple[tuple[str, bool], ...]:
-    """(name, None allowed) of the keyword parameters of ``init`` annotated ``bool`` or ``bool | None``."""
-    out = []
-    for p in inspect.signature(init).parameters.values():
-        ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-        parts = {a.strip() for a in ann.replace("Optional[", "").rstrip("]").split("|")}
-        if "bool" in parts and parts <= {"bool", "None"}:
-            out.append((p.name, "None" in parts))
-    return tuple(out)
-
-
-def check_bool_options(init, args: tuple, kwargs: dict) -> None:
-    """Raise ValueError naming the first ``bool`` option of ``init`` given a non-bool value ("no", 0, ...)."""
-    params = getattr(init, "_bool_params", None)
-    if params is None:
-        params = _bool_params(init)
-    if not params:
-        return
-    bound = inspect.signature(init).bind_partial(None, *args, **kwargs).arguments
-    for name, none_ok in params:
-        if name in bound and not isinstance(bound[name], bool) and not (none_ok and bound[name] is None):
-            raise _err(name, f"expected a bool{' or None' if none_ok else ''}, got {bound[name]!r}")
-
-
-def check_fraction(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise _err(name, f"expected a float in [0, 1), got {value!r}")
-    return float(value)
-
-
 class AttentionBase(nn.Module, abc.ABC):
     """Base of every registered attention: ``y = attn(x, padding_mask=None, attn_mask=None)``, x,y [B,T,D].
 
@@ -199,7 +161,7 @@ class AttentionBase(nn.Module, abc.ABC):
             check_bool_options(init, args, kw)
             init(self, *args, **kw)
 
-        init._bool_params = _bool_params(init)
+        init._bool_params = bool_params(init)
         checked_init._checks_bools = True
         cls.__init__ = checked_init
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from .base import check_choice, check_fraction, check_positive_int
@@ -308,10 +309,19 @@ class StructuredMLPForM(nn.Module):
                 return m if const is None else m + const
 
             return compact
-        W, b = self.folded_output()
-        if const is not None:
-            b = b + const.flatten()
-        return lambda z: F.linear(z, W, b).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
+        def folded_linear(z, W, b):
+            return F.linear(z, W, b if const is None else b + const.flatten()).unflatten(-1, (H, dh, dh))
+
+        if not self.causal:  # one context per sequence: one call per forward, so the fold can live in the call
+            def per_sequence(z):
+                if z.dim() != 2 or torch.is_autocast_enabled(z.device.type):
+                    return folded_linear(z, *self.folded_output())
+                m = _RowSumLinear.apply(z, self.out.weight, self.out.bias, H, S)  # (B, H*dh*dh)
+                return (m if const is None else m + const.flatten()).unflatten(-1, (H, dh, dh))  # (B, H, dh, dh)
+
+            return per_sequence
+        W, b = self.folded_output()  # folded once, reused by every causal chunk
+        return lambda z: folded_linear(z, W, b)  # (..., H, dh, dh)
 
     def _layer_bias_rowsum(self, layer_idx: int | None, S: Tensor | None) -> Tensor | None:
         """RowSum of the block-scaled layer bias U diag(s_l) Vᵀ: an input-independent [H, dh, dh]."""
@@ -436,6 +446,42 @@ def fold_rowsum(W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None = None
     if scales is None:
         return W5.sum(2).flatten(0, 2), b4.sum(2).flatten()
     return torch.einsum("iajck,ij->iack", W5, scales).flatten(0, 2), torch.einsum("iajc,ij->iac", b4, scales).flatten()
+
+
+class _RowSumLinear(torch.autograd.Function):
+    """m = z W′ᵀ + b′ with (W′, b′) = ``fold_rowsum(W, b, H, S)``; z [n, w] -> m [n, H·dh·dh].
+
+    Same values and gradients as autograd through the fold, minus one full-size intermediate: autograd forms the
+    folded gradient ∂W′ = gᵀz (H·dh·dh × w, freshly allocated) and then expands it over the block columns j into
+    ∂W (D² × w). Here ∂W′ is formed one block row i at a time (w·dh² values, reused by the allocator) and expanded
+    straight into ∂W, so the only large write is ∂W itself.
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None) -> Tensor:
+        Wf, bf = fold_rowsum(W, b, n_heads, scales)  # (H*dh*dh, w), (H*dh*dh,)
+        ctx.save_for_backward(z, Wf, scales)
+        ctx.n_heads = n_heads
+        return F.linear(z, Wf, bf)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        z, Wf, scales = ctx.saved_tensors
+        H, n, w = ctx.n_heads, z.shape[0], z.shape[1]
+        dh = math.isqrt(Wf.shape[0] // H)
+        grad_z = g @ Wf if ctx.needs_input_grad[0] else None
+        g4 = g.reshape(n, H, dh * dh)  # (n, H(i), dh(a)*dh(c))
+        S = torch.ones(H, H, dtype=g.dtype, device=g.device) if scales is None else scales
+        grad_W = z.new_empty(H, dh, H, dh, w)  # (H(i), dh(a), H(j), dh(c), w)
+        for i in range(H):
+            rows = (g4[:, i].T @ z).view(dh, 1, dh, w)  # ∂W′ of block row i: (dh(a), 1, dh(c), w)
+            if scales is None:
+                grad_W[i].copy_(rows.expand(dh, H, dh, w))
+            else:
+                torch.mul(rows, S[i].view(1, H, 1, 1), out=grad_W[i])
+        grad_b = (g.sum(0).reshape(H, dh, 1, dh) * S[:, None, :, None]).flatten()  # (D²,)
+        return grad_z, grad_W.view(H * dh * H * dh, w), grad_b, None, None
 
 
 @torch.no_grad()

@@ -1,0 +1,68 @@
+"""Getting data files safely: one pair of errors, file digests, and one downloader that keeps a file only when its
+checksum matches (temp file, fsync, atomic replace)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """Data that is neither on disk nor allowed to be downloaded; the message says how to get it."""
+
+
+class DatasetError(RuntimeError):
+    """A failed download, a checksum mismatch, or an unreadable archive/file."""
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    return file_digest(path, "md5", chunk)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    return file_digest(path, "sha256", chunk)
+
+
+def download(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha256: str | None = None,
+             timeout: float = 60.0) -> Path:
+    """Stream ``url`` to ``dest`` through a temp file; it is kept (atomic replace) only if the given checksums
+    (MD5 and/or SHA-256) match.
+
+    Raises:
+        DatasetError: the download failed or a checksum differs (nothing is left at ``dest``).
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    expected = {name: want for name, want in (("md5", md5), ("sha256", sha256)) if want is not None}
+    hashes = {name: hashlib.new(name) for name in expected}
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as f:
+            while block := resp.read(1 << 20):
+                for h in hashes.values():
+                    h.update(block)
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        for name, want in expected.items():
+            if (got := hashes[name].hexdigest()) != want:
+                label = "MD5" if name == "md5" else "SHA-256"
+                raise DatasetError(f"download of {url}: {label} mismatch (expected {want}, got {got}); "
+                                   "the file was discarded")
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError) as exc:
+        raise DatasetError(f"download of {url} failed: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
