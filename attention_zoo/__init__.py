@@ -4,6 +4,7 @@ from . import (
     _tvshim,  # noqa: F401  (must run before anything imports torchvision)
     variants,  # noqa: F401  (registers the variants)
 )
+from .adapters import swap_attention
 from .registry import (
     AttentionSpec,
     create_attention,
@@ -12,26 +13,40 @@ from .registry import (
     list_attentions,
     register_attention,
 )
-from .variants import AttentionBase, collect_aux_losses
+from .variants import AttentionBase, StackShare, collect_aux_losses
 
 __all__ = [
     "AttentionBase",
     "AttentionSpec",
+    "StackShare",
     "collect_aux_losses",
     "create_attention",
     "get_attention_spec",
     "is_attention",
     "list_attentions",
     "register_attention",
+    "swap_attention",
     "models",
+    "benchmark",
 ]
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # lazy: `zoo.models` without importing the backbones at package import
-    if name == "models":
-        import importlib
+def __getattr__(name):  # lazy: `zoo.models`, `zoo.benchmark` without importing them at package import
+    import importlib
 
+    if name == "models":
         return importlib.import_module(".models", __name__)
+    if name == "benchmark":
+        return importlib.import_module(".bench", __name__).benchmark
     raise AttributeError(name)
+
+
+def _load_plugins() -> None:  # last: a plugin imports this package and needs its names defined
+    from .plugins import load_environment_plugins
+
+    load_environment_plugins()
+
+
+_load_plugins()

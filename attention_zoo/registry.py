@@ -10,15 +10,22 @@ import fnmatch
 import inspect
 from dataclasses import dataclass
 
+# Who reads each flag is listed in docs/design.md ("No branching on names").
 CAPABILITY_FLAGS = (
     "causal_ok",  # supports causal masking without leaking future tokens
     "fused_kernel",  # runs on F.scaled_dot_product_attention (no [B,H,T,S] tensor kept)
     "needs_full_logits",  # must materialise [B,H,T,S] logits/weights (head mixing)
     "data_dependent_compute",  # compute depends on the input (routing)
-    "has_aux_loss",  # returns an auxiliary loss the backbone must add
-    "stack_shared",  # can share a module across the layers of a stack (build_stack_shared hook)
+    "has_aux_loss",  # sets ``aux_loss`` in forward; backbones collect auxiliary losses only from such variants
+    "stack_shared",  # takes a ``stack`` argument and shares a module across a stack (build_stack_shared hook)
     "has_metric",  # exposes get_M_matrices()
 )
+ATTENTION_CORES = ("fused", "full logits", "explicit")
+
+
+# The constructor argument through which a backbone tells a ``stack_shared`` layer its place in the stack
+# (``variants.base.StackShare``): passed by ``create_attention(..., stack=...)``, never among the options.
+BACKBONE_ARGUMENT = "stack"
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,19 @@ class AttentionSpec:
         raise AttributeError(item)
 
     @property
+    def core(self) -> str:
+        """How the attention core runs, from ``fused_kernel`` / ``needs_full_logits``: ``"fused"`` (SDPA, no
+        [B,H,T,S] tensor kept), ``"full logits"`` (must keep [B,H,T,S]: head mixing) or ``"explicit"`` (keeps it,
+        though a fused kernel would apply). Benchmarks report it beside memory, whose growth in T it explains."""
+        caps = self.capabilities
+        return ATTENTION_CORES[0 if caps["fused_kernel"] else 1 if caps["needs_full_logits"] else 2]
+
+    @property
     def options(self) -> tuple[str, ...]:
-        """Keyword options accepted by create_attention beyond d_model/n_heads/causal/dropout."""
+        """Keyword options accepted by create_attention beyond d_model/n_heads/causal/dropout (and ``stack``, which
+        a backbone sets: it is not a user option)."""
         sig = inspect.signature(self.cls.__init__)
-        skip = {"self", "d_model", "n_heads", "causal", "dropout"}
+        skip = {"self", "d_model", "n_heads", "causal", "dropout", BACKBONE_ARGUMENT}
         params = sig.parameters.values()
         named = tuple(p.name for p in params if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD)
         return named + tuple(getattr(self.cls, "extra_options", ()))  # options taken through **kwargs
@@ -111,6 +127,50 @@ def select_attentions(spec: str) -> list[str]:
     return chosen
 
 
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def _parse_value(raw: str, bool_option: bool = False):
+    """A ``key=value`` value: bool options take true/false/yes/no/1/0 only; otherwise int, float or string."""
+    low = raw.strip().lower()
+    if bool_option:
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise ValueError(f"expected true/false/yes/no/1/0, got {raw!r}")
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_option_rows(items: list[str]) -> list[tuple[str, dict, str]]:
+    """``["damcha:collapsed_generator=true"]`` -> [(name, options, label)]: extra rows for an option setting.
+
+    Raises:
+        ValueError: a malformed item, or an unknown attention name.
+    """
+    out = []
+    for item in items:
+        name, sep, rest = item.partition(":")
+        pairs = [kv for kv in rest.split(",") if kv]
+        if not sep or not pairs or any("=" not in kv for kv in pairs):
+            raise ValueError(f"extra: expected name:key=value[,key=value], got {item!r}")
+        get_attention_spec(name.strip())
+        bools = get_attention_spec(name.strip()).cls.bool_options()
+        options = {}
+        for k, v in (kv.split("=", 1) for kv in pairs):
+            try:
+                options[k.strip()] = _parse_value(v.strip(), k.strip() in bools)
+            except ValueError as exc:
+                raise ValueError(f"extra: {name.strip()}:{k.strip()}: {exc}") from None
+        out.append((name.strip(), options, f"{name.strip()}[{rest}]"))
+    return out
+
+
 def split_options(name: str, options: dict) -> tuple[dict, dict]:
     """Split ``options`` into (accepted by ``name``, not accepted). None values are dropped (timm style)."""
     accepted = set(get_attention_spec(name).options)
@@ -130,12 +190,17 @@ def resolved_options(name: str, options: dict | None = None) -> dict:
     return dict(sorted(out.items()))
 
 
-def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, **options):
+def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0,
+                     stack=None, **options):
     """Build a registered attention module.
+
+    ``stack``: a ``StackShare`` set by a backbone for a variant with the ``stack_shared`` capability (the shared
+    module, this layer's index, the stack's depth; docs/design.md, "Stack sharing"); None for a layer on its own.
 
     Raises:
         ValueError: unknown ``name`` (the message lists the available ones), an option the variant does not
-            take, or an illegal size/option value (the message names the argument).
+            take, ``stack`` given to a variant without ``stack_shared``, or an illegal size/option value (the
+            message names the argument).
     """
     spec = get_attention_spec(name)
     options = {k: v for k, v in options.items() if v is not None}
@@ -144,4 +209,9 @@ def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = Fa
         raise ValueError(
             f"options: {name!r} does not accept {', '.join(unknown)}; accepted options: {', '.join(spec.options)}"
         )
+    if stack is not None:
+        if not spec.stack_shared:
+            raise ValueError(f"{BACKBONE_ARGUMENT}: {name!r} does not share modules across a stack (no stack_shared "
+                             "capability)")
+        options[BACKBONE_ARGUMENT] = stack
     return spec.cls(d_model=d_model, n_heads=n_heads, causal=causal, dropout=dropout, **options)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attention_zoo.experiments.common import _parse_value, parse_extra_configs
+from attention_zoo.experiments.common import parse_extra_configs
+from attention_zoo.registry import _parse_value
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["appendix_e_kde", "appendix_fgh", "rowsum_analysis", "run_all", "synthetic", "table1_generation",

@@ -5,6 +5,7 @@ import torch
 from torch.testing import assert_close
 
 import attention_zoo as zoo
+from attention_zoo.variants.base import StackShare
 from attention_zoo.variants.damcha import set_block_scales
 from attention_zoo.variants.damcha_generator import MetricConfig, StructuredMLPForM, token_context
 
@@ -32,7 +33,9 @@ def x_and_pad(dtype=torch.float64):
                                    {"compact_rank": 2, "use_layer_bias": True, "layer_bias_rank": 2}],
                          ids=["plain", "compact", "layer_bias", "compact+layer_bias"])
 def test_fused_rowsum_equals_explicit_values_and_gradients(causal, scales, extra):
-    opts = dict(diag_scale=scales[0], off_diag_scale=scales[1], n_layers=2, layer_idx=1, **extra)
+    # layer 1 of 2 without sharing: the layer builds its own generator and uses layer_idx 1's bias
+    opts = dict(diag_scale=scales[0], off_diag_scale=scales[1], stack=StackShare(None, layer_idx=1, n_layers=2),
+                **extra)
     fused = damcha(causal, fused_rowsum=True, **opts)
     explicit = damcha(causal, fused_rowsum=False, **opts)
     explicit.load_state_dict(fused.state_dict())

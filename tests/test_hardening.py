@@ -63,7 +63,7 @@ def test_damcha_wrong_typed_hidden(value, arg):
         zoo.create_attention("damcha", d_model=D, n_heads=H, mlp_hidden=value)
 
 
-@pytest.mark.parametrize("opts,arg", [({"shared": "x"}, "shared"), ({"hidden_dims": 8}, "hidden_dims"),
+@pytest.mark.parametrize("opts,arg", [({"stack": "x"}, "stack"), ({"hidden_dims": 8}, "hidden_dims"),
                                       ({"hidden_dims": (8, True)}, "hidden_dims"),
                                       ({"off_diag_mode": ["mlp"]}, "off_diag_mode"),
                                       ({"gen_dropout": "0.1"}, "gen_dropout"), ({"compact_rank": 1.5}, "compact_rank")])

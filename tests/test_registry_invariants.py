@@ -238,3 +238,20 @@ def test_registry_listing_and_duplicates():
 def test_create_attention_drops_none_options():
     a = zoo.create_attention("mha", d_model=D, n_heads=H, bias=None)
     assert a.bias is True
+
+
+@pytest.mark.parametrize("name,flavor", PAIRS, ids=IDS)
+def test_capability_flags_are_honest(name, flavor):
+    """The flags the backbones and benchmarks read: a fused core keeps no full logits; only ``has_aux_loss``
+    variants set an auxiliary loss (the stack skips collection otherwise); only ``stack_shared`` ones take ``stack``."""
+    spec = get_attention_spec(name)
+    assert not (spec.fused_kernel and spec.needs_full_logits)
+    assert spec.core in ("fused", "full logits", "explicit")
+    attn = make(name, flavor, False).train()
+    attn(inputs())
+    set_aux = [m for m in attn.modules() if torch.is_tensor(getattr(m, "aux_loss", None))]
+    assert not set_aux or spec.has_aux_loss, f"{name} sets aux_loss without declaring has_aux_loss"
+    if not spec.stack_shared:
+        with pytest.raises(ValueError, match="^stack:"):
+            zoo.create_attention(name, d_model=D, n_heads=H, stack=zoo.StackShare())
+        assert "stack" not in spec.options

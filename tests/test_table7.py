@@ -72,6 +72,7 @@ def test_cli_end_to_end_and_rerun_skips(tmp_path):
     assert list(tmp_path.glob(f"{NAME}_*_vs_seq_len.png"))
     wide = pd.read_csv(tmp_path / f"{NAME}_wide.csv")
     assert wide.loc[0, "FLOPs (analytic) ~ T^"] > 1.0  # projections O(T) plus core O(T²)
+    assert wide.loc[0, "attention core"] == "fused"  # MHA's capability flags, reported beside its exponents
     lines = (tmp_path / f"{NAME}.jsonl").read_text().splitlines()
     cells = [ln for ln in lines if json.loads(ln)["kind"] == "cell"]
     assert len(cells) == 4 and len(lines) == 5  # T sweep (32, 64 at D=64) + D sweep (16, 32 at T=256); 1 run record

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,16 @@ def init_distributed(device: str = "auto") -> DistInfo:
 def cleanup_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def run_distributed(device: str, fn: Callable[[DistInfo], int]) -> int:
+    """``fn(info)`` inside the process group (initialised from torchrun's environment; a single process otherwise),
+    which is destroyed afterwards whatever happens."""
+    info = init_distributed(device)
+    try:
+        return fn(info)
+    finally:
+        cleanup_distributed()
 
 
 def all_reduce(t: torch.Tensor, info: DistInfo, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -32,7 +32,7 @@ SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscor
           "bartscore": "higher"}  # per-sample score -> which side is better
 STATS = ("median", "iqr", "tail_fraction")
 SCORE_UNITS = {"mse": "pixel MSE", "feature_distance": "Inception feature L2", "nll": "nats",
-               "bertscore_f1": "F1", "bartscore": "log-likelihood"}
+               "bertscore_f1": "F1", "bartscore": "log-likelihood"}  # the plots' axis units too
 NON_NEGATIVE = ("mse", "feature_distance", "nll")  # their densities are bounded at 0
 
 
@@ -102,16 +102,21 @@ def score_stats(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
-    plt, sns = report._plt()
+    """One panel per score: a KDE per variant/flavour (its fixed colour, damcha_repo dashed), seeds pooled;
+    non-negative scores (MSE, feature distance, NLL) are bounded at 0. One legend, outside the data."""
+    plt, _ = report._plt()
     scores = [s for s in SCORES if s in df and df[s].notna().any()]
-    fig, axes = plt.subplots(1, len(scores), figsize=(4.6 * len(scores), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores) + 1.8, 3.6), squeeze=False)
     for ax, s in zip(axes[0], scores):
-        sub = df.dropna(subset=[s])
-        sns.kdeplot(data=sub, x=s, hue="label", common_norm=False, ax=ax, warn_singular=False,
-                    clip=(0, None) if s in NON_NEGATIVE else None)
-        ax.set_title(f"{dataset}: {s} ({SCORES[s]} is better)", fontsize=9)
+        report.kde_plot(ax, df.dropna(subset=[s]).sort_values("label", kind="stable"), s, "label",
+                        non_negative=s in NON_NEGATIVE)
+        ax.set_title(f"{s} ({SCORES[s]} is better)", fontsize=9)
+        ax.set_xlabel(f"{s} ({SCORE_UNITS[s]})")
+        ax.set_ylabel("density (per variant)")
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    report.legend_outside(axes[0][-1], *axes[0][0].get_legend_handles_labels())
     fig.suptitle(f"App. E: per-sample score densities ({dataset}, n = {len(df)} samples)", fontsize=10)
-    fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from ..checks import bool_params
 from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI helpers from here
     HelpFormatter,
     cli_main,
@@ -18,7 +17,8 @@ from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI help
     seed_int,
 )
 from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads re-exported for the scripts
-from ..registry import get_attention_spec, list_attentions, resolved_options, select_attentions
+from ..plugins import add_include_argument
+from ..registry import get_attention_spec, list_attentions, parse_option_rows, resolved_options, select_attentions
 from ..results import ResultStore
 
 PRESETS = ("smoke", "paper")
@@ -47,6 +47,7 @@ def base_parser(name: str, description: str, default_seeds: list[int] | None = N
                                             "or both")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_include_argument(p)
     p.add_argument("--fresh", action="store_true",
                    help="recompute every cell; by default a cell already measured in --out with the same settings "
                         "on the same kind of machine (device model, torch, threads, dtype) is reused")
@@ -94,60 +95,7 @@ def variant_flavours(names: list[str], flavour: str = "both") -> list[tuple[str,
     return pairs
 
 
-_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
-
-
-def _parse_value(raw: str, bool_option: bool = False):
-    """A ``key=value`` value: bool options take true/false/yes/no/1/0 only; otherwise int, float or string."""
-    low = raw.strip().lower()
-    if bool_option:
-        if low in _TRUE or low in _FALSE:
-            return low in _TRUE
-        raise ValueError(f"expected true/false/yes/no/1/0, got {raw!r}")
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def _bool_options(name: str) -> set[str]:
-    """Options of attention ``name`` typed ``bool`` (constructor annotations; DAMCHA's generator config too)."""
-
-    spec = get_attention_spec(name)
-    out = {n for n, _ in bool_params(getattr(spec.cls.__init__, "__wrapped__", spec.cls.__init__))}
-    if "hidden_dims" in spec.options:  # DAMCHA: options taken through its generator config
-        from ..variants.damcha_generator import MetricConfig
-
-        out |= {f.name for f in MetricConfig.__dataclass_fields__.values() if f.type == "bool"}
-    return out
-
-
-def parse_extra_configs(items: list[str]) -> list[tuple[str, dict, str]]:
-    """``["damcha:collapsed_generator=true"]`` -> [(name, options, label)]: extra rows for an option setting.
-
-    Raises:
-        ValueError: a malformed item, or an unknown attention name.
-    """
-    out = []
-    for item in items:
-        name, sep, rest = item.partition(":")
-        pairs = [kv for kv in rest.split(",") if kv]
-        if not sep or not pairs or any("=" not in kv for kv in pairs):
-            raise ValueError(f"extra: expected name:key=value[,key=value], got {item!r}")
-        get_attention_spec(name.strip())
-        bools = _bool_options(name.strip())
-        options = {}
-        for k, v in (kv.split("=", 1) for kv in pairs):
-            try:
-                options[k.strip()] = _parse_value(v.strip(), k.strip() in bools)
-            except ValueError as exc:
-                raise ValueError(f"extra: {name.strip()}:{k.strip()}: {exc}") from None
-        out.append((name.strip(), options, f"{name.strip()}[{rest}]"))
-    return out
+parse_extra_configs = parse_option_rows  # the scripts' name for it
 
 
 def add_extra_argument(p: argparse.ArgumentParser) -> None:

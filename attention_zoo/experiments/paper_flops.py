@@ -59,6 +59,8 @@ def _extra(method: str, T: int, c: CompactConfig) -> int:
 
 
 PAPER_METHODS = ("mha", "mma", "tha", "dcmha", "colmha", "moa", "damcha", "damcha_compact")
+# The authors' script costs the two DAMCHA rows on their own layer (no W_q, W_k); every other method on std(T).
+_LAYER_MODEL = {"damcha": _damcha_sequence, "damcha_compact": _damcha_sequence}
 
 
 def paper_macs(method: str, seq_len: int, config: CompactConfig = CompactConfig()) -> int:
@@ -70,9 +72,7 @@ def paper_macs(method: str, seq_len: int, config: CompactConfig = CompactConfig(
     if method not in PAPER_METHODS:
         raise ValueError(f"method: expected one of {', '.join(PAPER_METHODS)}, got {method!r}")
     T, N = check_positive_int("seq_len", seq_len), config.n_layers
-    if method.startswith("damcha"):
-        return N * _damcha_sequence(T, config) + N * _extra(method, T, config)
-    return N * (_std(T, config) + _extra(method, T, config))
+    return N * (_LAYER_MODEL.get(method, _std)(T, config) + _extra(method, T, config))
 
 
 def paper_gflops(method: str, seq_len: int, config: CompactConfig = CompactConfig()) -> float:

@@ -31,7 +31,7 @@ from ..models import Decoder
 from ..registry import create_attention
 from ..report import line_plot, markdown_table, write_tables
 from ..results import ResultStore
-from ..variants.damcha import set_block_scales
+from ..variants.damcha import metric_generator, set_block_scales
 from ..variants.damcha_generator import adam_param_groups
 from .common import base_parser, cli_main, open_store, setup_threads
 
@@ -68,11 +68,10 @@ def gradient_identity(p: dict, sampler) -> list[dict]:
     rows = []
     configs = {"mlp (fused)": {}, "mlp (explicit)": {"fused_rowsum": False},
                "linear_comb": {"off_diag_mode": "linear_comb"}, "separate_B": {"off_diag_mode": "separate_B"}}
-    H, dh = p["n_heads"], p["d_model"] // p["n_heads"]
     for label, opts in configs.items():
         model = _char_model(p, **opts)
         _loss(model, sampler(0)).backward()
-        g = model.stack.shared.out.weight.grad.unflatten(0, (H, dh, H, dh))  # (i, a, j, c, w)
+        g = metric_generator(model).final_layer_grad_blocks()  # (i, a, j, c, w)
         spread = (g - g[:, :, :1]).abs().amax() / g.abs().amax()
         rows.append({"section": "gradient_identity", "config": label, "metric": "block_column_spread",
                      "value": float(spread), "unit": "max|g_j - g_0| / max|g|"})
@@ -100,7 +99,7 @@ def _train_pair(p: dict, sampler, steps: int, clip: float | None, scale_eps: boo
         losses.append(pair)
     # One-token inputs: each probe row is its own context, so the metrics are f_θ(probe) summed by block row.
     probe = torch.randn(8, 1, p["d_model"], dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-    ms = [m.stack.shared.head_metrics(probe, causal=False) for m in models]
+    ms = [metric_generator(m).head_metrics(probe, causal=False) for m in models]
     rel_m = float((ms[0] - ms[1]).detach().norm() / ms[0].detach().norm())
     return gaps, losses, rel_m
 
@@ -139,7 +138,7 @@ def diag_vs_full(p: dict, sampler, val_batches, progress: bool) -> list[dict]:
     H = p["n_heads"]
     model = _char_model(p)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    gen = model.stack.shared
+    gen = metric_generator(model)
     probe = torch.randn(32, 1, p["d_model"], generator=torch.Generator().manual_seed(3)) * 0.5
     checkpoints = sorted({round(p["diag_steps"] * k / (p["probes"] - 1)) for k in range(p["probes"])})
     rows = []

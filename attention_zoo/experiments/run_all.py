@@ -1,29 +1,111 @@
 """Run every table and figure at one preset (finished cells are skipped by each script), then write
-``results/README.md``. Each script runs in its own process; a failing script is reported and the rest go on."""
+``results/README.md``. Each script runs in its own process; a failing script is reported and the rest go on.
+
+Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (every variant in both flavours and three
+seeds in Tables 1, 5 and 6; five seeds, λ ∈ {0, 0.25, …, 1} and d_e ∈ {4, 8, …, 20} in the synthetic sweeps);
+``paper`` runs each script's paper preset with its defaults (the paper's rows; see docs/paper_scale.md); ``tiny``
+is the smoke pipeline shrunk to seconds per script (two variants, a few steps, random FID features) for the test
+suite — its numbers mean nothing. The command, commit, machine and each script's wall and CPU time go to
+``<results>/run_all.json``, which the index reads.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import secrets
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..envinfo import environment_record, resolve_device
+from ..io import atomic_write_json
 from .common import HelpFormatter, cli_main
-from .results_index import build_index
+from .results_index import RUN_RECORD, build_index
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "reproduce"
-# In dependency order: Appendix E reads Table 1's per-sample scores.
+# In dependency order: Appendix E reads Table 1's per-sample scores. "benchmark" is attention_zoo.measure.quick.
 SCRIPTS = ("table2_efficiency", "table7_complexity", "synthetic", "table5_gpt2", "table1_generation",
            "appendix_e_kde", "table3_depth_blocks", "table4_ablation", "table6_vit", "appendix_fgh",
-           "rowsum_analysis")
+           "rowsum_analysis", "benchmark")
+PRESETS = ("smoke", "paper", "tiny")
+
+_ALL_ROWS = ["--variants", "*", "--flavour", "both"]  # every variant, baselines in both flavours
+_TINY_GEN = ["--steps", "2", "--eval-samples", "8", "--fid-extractor", "tiny-random", "--image-size", "16"]
+_TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--extra"]
+
+# Per preset, the arguments each script gets beyond --preset/--device/--out/--quiet. Coverage lives here; sizes
+# (steps, models, scored samples) live in the scripts' presets.
+SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
+    "smoke": {
+        "table1_generation": ["--flavour", "both", "--seeds", "0", "1", "2"],
+        "table5_gpt2": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
+        "table6_vit": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
+        "appendix_e_kde": ["--flavour", "both"],
+        # synthetic: its smoke preset's grids (λ 0 … 1 step 0.25, d_e 4 … 20 step 4) and default seeds 0-4
+        "benchmark": ["--variants", "*", "--flavor", "both"],
+    },
+    "paper": {},
+    "tiny": {
+        "table2_efficiency": ["--variants", "mha,damcha", "--flavour", "paper", "--settings", "cifar", "--counters",
+                              "", *_TINY_TIMING],
+        "table7_complexity": ["--variants", "mha,damcha", "--flavour", "paper", "--seq-lens", "16", "32",
+                              "--d-models", "16", "32", "--causal", "false", *_TINY_TIMING],
+        "synthetic": ["--variants", "mha,damcha", "--lambda", "0", "1", "--de", "4", "--seeds", "0", "1", "--steps",
+                      "2", "--workers", "1"],
+        "table5_gpt2": ["--variants", "mha,damcha", "--flavour", "paper", "--max-steps", "2", "--eval-batches", "1"],
+        "table1_generation": ["--variants", "mha,damcha", "--flavour", "paper", *_TINY_GEN],
+        "appendix_e_kde": ["--flavour", "paper"],
+        "table3_depth_blocks": ["--depths", "1", *_TINY_GEN],
+        "table4_ablation": _TINY_GEN,
+        "table6_vit": ["--variants", "mha,damcha", "--flavour", "paper", "--steps", "2", "--eval-batches", "1"],
+        "appendix_fgh": ["--steps", "4"],
+        "rowsum_analysis": ["--sections", "gradient_identity,equivalence,costs"],  # diag_vs_full trains 300 steps
+        "benchmark": ["--variants", "mha,damcha", "--batch", "1", "--seq-len", "16", "--d-model", "16", "--heads",
+                      "2", "--layers", "1", "--warmup", "0", "--repeats", "1"],
+    },
+}
+
+
+def script_command(name: str, preset: str, device: str, results: Path) -> list[str]:
+    """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset)."""
+    extra = SCRIPT_ARGS[preset].get(name, [])
+    if name == "benchmark":
+        out = results / "benchmark"
+        return [sys.executable, "-m", "attention_zoo.measure.quick", "--device", device, *extra,
+                "--csv", str(out / "benchmark.csv"), "--md", str(out / "benchmark.md"),
+                "--plot", str(out / "benchmark.png")]
+    cmd = [sys.executable, str(REPRODUCE / f"{name}.py"), "--preset", "smoke" if preset == "tiny" else preset,
+           "--device", device, "--out", str(results / name), "--quiet", *extra]
+    if name == "appendix_e_kde":
+        cmd += ["--table1-dir", str(results / "table1_generation")]
+    return cmd
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _load_record(path: Path) -> dict:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"runs": [], "scripts": {}}
+    return rec if isinstance(rec, dict) else {"runs": [], "scripts": {}}
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
-    p.add_argument("--preset", choices=("smoke", "paper"), default="smoke", help="preset of every script")
+                                formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
+    p.add_argument("--preset", choices=PRESETS, default="smoke",
+                   help="smoke: the whole paper on embedded data, ≤ 1 h on 2 CPU cores; paper: the scripts' paper "
+                        "presets; tiny: seconds per script, for tests")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
     p.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of the scripts")
@@ -33,16 +115,40 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(SCRIPTS))
     if unknown:
         raise ValueError(f"only: unknown {', '.join(unknown)}; available: {', '.join(SCRIPTS)}")
+    results = args.results
+    results.mkdir(parents=True, exist_ok=True)
+    record_path = results / RUN_RECORD
+    record = _load_record(record_path)
+    todo = [s for s in SCRIPTS if s in chosen and not args.index_only]
     failed = []
-    for name in [s for s in SCRIPTS if s in chosen and not args.index_only]:
-        cmd = [sys.executable, str(REPRODUCE / f"{name}.py"), "--preset", args.preset, "--device", args.device,
-               "--out", str(args.results / name), "--quiet"]
-        t0 = time.perf_counter()
-        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-        rc = subprocess.run(cmd).returncode
-        print(f"== {name}: exit {rc} after {time.perf_counter() - t0:.0f} s", flush=True)
-        if rc != 0:
-            failed.append(name)
-    path = build_index(args.results, args.preset)
+    if todo:
+        env = environment_record(resolve_device(args.device))
+        run = {"run_id": f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}",
+               "command": "python reproduce/all.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+               "preset": args.preset, "scripts": todo, "cores": os.cpu_count(),
+               "loadavg_start": os.getloadavg()[0],
+               **{k: env.get(k) for k in ("time_utc", "git_commit", "git_dirty", "host", "cpu_model", "device",
+                                          "device_name", "torch", "python")}}
+        record["runs"] = [r for r in record.get("runs", []) if r.get("run_id") != run["run_id"]] + [run]
+        t_run, cpu_run = time.perf_counter(), _children_cpu()
+        for name in todo:
+            cmd = script_command(name, args.preset, args.device, results)
+            shown = shlex.join(["python", *cmd[1:]])
+            print(f"== {name}: {shown}", flush=True)
+            t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
+            rc = subprocess.run(cmd).returncode
+            wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+            print(f"== {name}: exit {rc} after {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
+            record.setdefault("scripts", {})[name] = {
+                "run_id": run["run_id"], "command": shown, "exit_code": rc, "wall_s": round(wall, 1),
+                "cpu_s": round(cpu, 1), "loadavg_start": load0, "loadavg_end": os.getloadavg()[0],
+                "preset": args.preset}
+            run["total_wall_s"] = round(time.perf_counter() - t_run, 1)
+            run["total_cpu_s"] = round(_children_cpu() - cpu_run, 1)
+            run["loadavg_end"] = os.getloadavg()[0]
+            atomic_write_json(record_path, record)  # after every script: a crash keeps the timings so far
+            if rc != 0:
+                failed.append(name)
+    path = build_index(results)
     print(f"wrote {path}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -81,8 +81,9 @@ class Preset:
 
 PRESETS = {
     # Seconds per cell on one CPU core; the DAMCHA generator is narrowed to keep it in that budget.
-    "smoke": Preset(lambdas=(0.2, 1.0), des=(4, 8, 12, 16, 20), reg_d_e=8, seq_len=16, n_train=4096, n_test=1024,
-                    n_layers=1, steps=300, batch_size=64, lr=5e-3, attention_options={"hidden_dims": (64, 64)}),
+    "smoke": Preset(lambdas=(0.0, 0.25, 0.5, 0.75, 1.0), des=(4, 8, 12, 16, 20), reg_d_e=8, seq_len=16,
+                    n_train=4096, n_test=1024, n_layers=1, steps=300, batch_size=64, lr=5e-3,
+                    attention_options={"hidden_dims": (64, 64)}),
     "paper": Preset(lambdas=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), des=(4, 8, 12, 16, 20), reg_d_e=8, seq_len=32,
                     n_train=16384, n_test=4096, n_layers=2, steps=3000, batch_size=128, lr=3e-3),
 }
@@ -281,7 +282,7 @@ def build_parser():
     p.set_defaults(flavour="paper")
     p.add_argument("--lambda", dest="lambdas", type=non_negative_float, nargs="+", default=None,
                    help="regression cross-term weights λ, each finite and >= 0 (default: the preset's grid; "
-                        "smoke 0.2 1, paper 0 … 1 step 0.2). Naming it alone runs only the regression sweep")
+                        "smoke 0 … 1 step 0.25, paper 0 … 1 step 0.2). Naming it alone runs only the regression sweep")
     p.add_argument("--de", type=positive_int, nargs="+", default=None,
                    help="classification subspace widths d_e, D = 4·d_e (default 4 8 12 16 20). Naming it alone "
                         "runs only the classification sweep")

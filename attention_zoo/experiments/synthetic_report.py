@@ -24,23 +24,8 @@ METRIC = {"regression": "test_mse", "classification": "test_acc"}
 
 
 # ---- statistics ---------------------------------------------------------------------------------------------
-def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the Student-t interval mean ± t_{(1+c)/2, n−1}·s/√n; NaN bounds for n < 2."""
-    from scipy import stats
-
-    v = np.asarray([x for x in values if np.isfinite(x)], dtype=float)
-    if v.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(v.mean())
-    if v.size < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf((1 + confidence) / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
-    return mean, mean - half, mean + half
-
-
-def _t_band(values) -> tuple[float, float]:  # seaborn errorbar callable
-    _, lo, hi = t_interval(values)
-    return lo, hi
+t_interval = report.t_interval  # (mean, low, high): 95 % Student-t interval across seeds
+_t_band = report.t_band  # seaborn errorbar callable
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -79,10 +64,15 @@ def summarize(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
 
 def gain_plot(df: pd.DataFrame, x: str, path: Path, title: str, xlabel: str, ylabel: str,
               paper_points: dict | None = None) -> Path:
-    """Gain vs MHA with 95 % t-interval bands; zero line; the paper's points as stars."""
+    """Gain vs MHA with 95 % t-interval bands (colour by variant, dashed for damcha_repo); zero line; the paper's
+    points as black stars; legend outside the data."""
     plt, sns = report._plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sns.lineplot(data=df, x=x, y="gain", hue="label", marker="o", errorbar=_t_band, ax=ax)
+    labels = report.sort_labels(df["label"].astype(str))
+    styles = report.series_styles(labels)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for lab in labels:
+        sns.lineplot(data=df[df["label"] == lab], x=x, y="gain", errorbar=_t_band, label=lab, ax=ax, markersize=4,
+                     **styles[lab].line)
     ax.axhline(0.0, color="black", lw=0.8)
     if paper_points:
         ax.scatter(list(paper_points), list(paper_points.values()), marker="*", s=160, color="black", zorder=5,
@@ -90,7 +80,7 @@ def gain_plot(df: pd.DataFrame, x: str, path: Path, title: str, xlabel: str, yla
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, ncol=2)
+    report.legend_outside(ax)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out
@@ -107,6 +97,19 @@ def _wide(df: pd.DataFrame) -> pd.DataFrame:
                             "d_e=" + ok["setting"].map("{:g}".format) + " test acc")
     wide = ok.groupby(["variant", "flavor", "column"], sort=False)["value"].mean().unstack("column")
     return wide[list(dict.fromkeys(ok["column"]))].reset_index()
+
+
+def _ci_wide(df: pd.DataFrame) -> pd.DataFrame:
+    """Like ``_wide`` but "mean [low, high] (n)": the 95 % Student-t interval over seeds."""
+    ok = df[(df["status"] == "ok") & df["metric"].isin(list(METRIC.values()))].copy()
+    if ok.empty:
+        return pd.DataFrame()
+    ok["setting"] = _setting(ok)
+    ok = ok.assign(order=(ok["task"] == "classification").astype(int)).sort_values(["order", "setting"])
+    ok["column"] = np.where(ok["task"] == "regression", "λ=" + ok["setting"].map("{:g}".format) + " test MSE",
+                            "d_e=" + ok["setting"].map("{:g}".format) + " test acc")
+    ci = report.ci_table(ok, ["variant", "flavor"], ["column"], floatfmt=".3g")
+    return ci[["variant", "flavor", *[c for c in dict.fromkeys(ok["column"]) if c in ci]]]
 
 
 def _params_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +135,7 @@ def paper_comparison(df: pd.DataFrame, gains: pd.DataFrame) -> tuple[pd.DataFram
         mean, lo, hi = t_interval(sel["gain"]) if not sel.empty else (math.nan,) * 3
         entries.append({"what": f"Fig. 12: {PAPER_METHOD} vs {REFERENCE} MSE gain at λ={lam:g} (%)", "paper": paper,
                         "ours": mean, "note": f"95% CI [{lo:.2f}, {hi:.2f}], {len(sel)} seeds" if len(sel) else
-                        "not run"})
+                        f"not run (λ={lam:g} is not in this sweep)"})
     acc = df[(df["status"] == "ok") & (df["metric"] == "test_acc")]
     cls = mine[mine["task"] == "classification"]
     if cls.empty:
@@ -180,8 +183,12 @@ def write_report(out: Path, store: ResultStore, env: dict, tag: str, cells: list
     if not bad.empty:
         notes += ["Non-ok cells: " + "; ".join(f"{r.task}/{r.label}/seed {r.seed}: {r.status} {r.message}"
                                                for r in bad.itertuples())]
-    notes += ["## Test MSE (regression) and accuracy (classification), seed means"]
     wide = _wide(df)
+    ci = _ci_wide(df)
+    if not ci.empty:
+        notes += ["## Test MSE (regression) and accuracy (classification): mean [95 % t-interval] (seeds)", "",
+                  report.markdown_table(ci)]
+    notes += ["## Test MSE (regression) and accuracy (classification), seed means"]
     best = {c: ("min" if c.endswith("MSE") else "max") for c in wide.columns if c.startswith(("λ", "d_e"))}
     report.write_tables(out, NAME, df, wide, store.environment(env, df), "Appendix I, Figures 12–13: synthetic sweeps",
                         "\n\n".join(notes),
@@ -195,20 +202,23 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame) -> None:
     reg, acc = ok[ok["metric"] == "test_mse"], ok[ok["metric"] == "test_acc"]
     if not reg.empty:
         report.line_plot(reg.rename(columns={"lam": "λ"}), "λ", "value", "label", out / "figure12_mse.png",
-                         "Fig. 12: synthetic regression (95% t-interval over seeds)", "test MSE (floor 0.01)",
-                         errorbar=_t_band)
+                         "Fig. 12: synthetic regression (mean, 95% t-interval over seeds)",
+                         "test MSE (target units², floor 0.01)", errorbar=_t_band,
+                         xlabel="λ (cross-subspace weight, dimensionless)")
     if not acc.empty:
         oracle = ok[ok["metric"] == "oracle_test_acc"].drop_duplicates(["d_e", "seed"]).assign(label="oracle (knows R)")
         report.line_plot(pd.concat([acc, oracle]), "d_e", "value", "label", out / "figure13_accuracy.png",
-                         "Fig. 13: synthetic classification (95% t-interval over seeds)", "test accuracy",
-                         errorbar=_t_band)
+                         "Fig. 13: synthetic classification (mean, 95% t-interval over seeds)",
+                         "test accuracy (fraction, chance 1/6)", errorbar=_t_band,
+                         xlabel="d_e (subspace width; D = 4·d_e)")
     if gains.empty:
         return
     gains = gains.sort_values("label", kind="stable")
     g_reg, g_cls = gains[gains["task"] == "regression"], gains[gains["task"] == "classification"]
     if not g_reg.empty:
         gain_plot(g_reg, "setting", out / "figure12_gain.png", "Fig. 12: MSE gain over MHA (paired by seed)", "λ",
-                  "(MSE_MHA − MSE) / MSE_MHA, %", PAPER_GAIN)
+                  "(MSE_MHA − MSE) / MSE_MHA (%)", PAPER_GAIN)
     if not g_cls.empty:
         gain_plot(g_cls, "setting", out / "figure13_gain.png", "Fig. 13: accuracy gain over MHA (paired by seed)",
-                  "d_e (D = 4·d_e)", "accuracy − accuracy_MHA, points")
+                  "d_e (subspace width; D = 4·d_e)",
+                  "accuracy − accuracy_MHA (percentage points)")

@@ -45,6 +45,11 @@ PAPER = {("cifar10", "fid_top50"): {"mha": 91.4320, "damcha": 63.0295},  # [docs
          ("cifar100", "fid_top50"): {"mha": 59.6860, "damcha": 53.7560},
          ("wmt14", "bartscore"): {"mha": -8.4740, "damcha": -5.4451},
          ("commongen", "bartscore"): {"mha": -5.9250, "damcha": -5.6142}}
+CI_METRICS = ("mse", "fid_top50", "nll", "bertscore_f1", "bartscore")  # the 95 % interval table
+FIGURES = {"fid_top50": ("FID@Top-50, lower is better", "FID@Top-50 (Inception-feature Fréchet distance)"),
+           "mse": ("masked-patch MSE, lower is better", "MSE (pixel values in [−1, 1], squared)"),
+           "nll": ("target NLL, lower is better", "NLL (nats per target token)"),
+           "bertscore_f1": ("BERTScore F1, higher is better", "BERTScore F1 (fraction)")}
 RELATIVE = (("cifar10", "fid_top50", "mma", -25.8), ("cifar10", "fid_top50", "mha", -31.1),  # DAMCHA vs ref, % [Q/D]
             ("cifar100", "fid_top50", "mha", -9.94), ("wmt14", "bartscore", "mha", 35.7),
             ("commongen", "bartscore", "mha", 5.25))
@@ -89,16 +94,20 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict) -> pd.DataFrame:
         "`_nll_top50` = mean over the 50 lowest-NLL examples (new code), `_score_top50` = mean of the 50 highest "
         "scores (old code; probably the paper's). The paper's text 'BARTScore' is compared with our mean.",
         "Model selection: lowest validation loss (smoke: evaluated once, final weights). Metrics on the validation "
-        "split (the authors' protocol). Baselines in the flavour shown; comparisons prefer `damcha_repo`.",
-        "## Table 1"]
+        "split (the authors' protocol). Baselines in the flavour shown; comparisons prefer `damcha_repo`."]
+    ci = report.ci_table(df[df["metric"].isin(CI_METRICS) & (df["status"] == "ok")], ["variant", "flavor"],
+                         ["dataset", "metric"])
+    if not ci.empty and df["seed"].nunique() > 1:
+        notes += ["## Mean and 95 % Student-t interval over seeds", "", report.markdown_table(ci)]
+    notes += ["## Table 1 (seed means)"]
     report.write_tables(ctx.out, NAME, df, wide, env, "Table 1: decoder-only generation", "\n\n".join(notes),
                         best={c: "max" if "score" in c else "min" for c in wide.columns if ": " in c},
                         comparison=comp)
-    for metric, title in (("fid_top50", "FID@Top-50 (lower is better)"), ("bertscore_f1", "BERTScore F1")):
+    for metric, (title, ylabel) in FIGURES.items():
         sub = df[(df["metric"] == metric) & (df["status"] == "ok")]
         if not sub.empty:
-            report.bar_plot(sub, "dataset", "value", "label", ctx.out / f"{NAME}_{metric}.png", f"Table 1: {title}",
-                            metric)
+            report.bar_plot(sub, "dataset", "value", "label", ctx.out / f"{NAME}_{metric}.png",
+                            f"Table 1: {title} (mean, 95% t-interval over seeds)", ylabel, xlabel="dataset")
     return comp
 
 

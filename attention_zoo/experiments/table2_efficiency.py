@@ -276,24 +276,45 @@ def paper_comparison(df: pd.DataFrame, preset: str, device: torch.device | None 
     return comparison_frame(entries)
 
 
+PANEL_NAMES = {"peak_fwd_rss_mib": "inference forward", "peak_train_rss_mib": "training step",
+               "peak_fwd_alloc_mib": "inference forward", "peak_train_alloc_mib": "training step (allocated)",
+               "peak_train_reserved_mib": "training step (reserved)", "latency_fwd_median_ms": "forward",
+               "latency_fwd_bwd_median_ms": "forward + backward", "fwd_gflops_analytic": "analytic",
+               "flop_counter_gflops": "FlopCounterMode", "paper_model_gflops": "authors' closed form",
+               "fvcore_gmacs": "fvcore"}
+
+
 def plots(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Per setting: memory, latency, GFLOP and GMAC figures (one unit per axis: GMACs never share an axis with
+    GFLOPs), one panel per measurement, one bar per variant/flavour in its fixed colour (damcha_repo hatched);
+    latency bars carry q25–q75 error bars and unstable timings are faded."""
     ok = df[(df["status"] == "ok") & df["value"].notna()].copy()
     if ok.empty:
         return []
     ok["row"] = ok["variant"] + "/" + ok["flavour"]
-    groups = {"memory": (ok["unit"] == "MiB", "peak memory, MiB"),
+    quart = ok[ok["metric"].str.match(r"latency_(fwd|fwd_bwd)_q(25|75)_ms$")]
+    q = quart.assign(stat=quart["metric"].str.extract(r"_(q25|q75)_ms$")[0],
+                     metric=quart["metric"].str.replace(r"_q(25|75)_ms$", "_median_ms", regex=True))
+    q = q.pivot_table(index=["setting", "row", "metric"], columns="stat", values="value").reset_index()
+    groups = {"memory": (ok["unit"] == "MiB", "peak memory increment (MiB)"),
               "latency": (ok["metric"].isin(["latency_fwd_median_ms", "latency_fwd_bwd_median_ms"]),
-                          "median latency, ms"),
-              "gflops": (ok["unit"] == "GFLOP", "forward GFLOP (batch 1)"),  # GMACs get no shared axis
-              "gmacs": (ok["unit"] == "GMAC", "forward GMAC, fvcore (batch 1)")}
+                          "median latency (ms)"),
+              "gflops": (ok["unit"] == "GFLOP", "forward GFLOP at batch 1"),
+              "gmacs": (ok["unit"] == "GMAC", "forward GMAC at batch 1 (fvcore)")}
     paths = []
     for setting, sub in ok.groupby("setting"):
-        for kind, (mask, ylabel) in groups.items():
-            part = sub[mask.loc[sub.index]]
-            if not part.empty:
-                name = f"{NAME}_{kind}_{setting.split('/')[0].lower()}.png"
-                paths.append(barh_plot(part, "row", "value", "metric", out / name, f"{setting}: {kind}", ylabel,
-                                       flag="unstable" if kind == "latency" else None))
+        for kind, (mask, xlabel) in groups.items():
+            part = sub[mask.loc[sub.index]].copy()
+            if part.empty:
+                continue
+            part["panel"] = part["metric"].map(PANEL_NAMES).fillna(part["metric"])
+            lo = hi = None
+            if kind == "latency" and not q.empty:
+                part = part.merge(q, on=["setting", "row", "metric"], how="left")
+                lo, hi = ("q25", "q75") if {"q25", "q75"} <= set(part.columns) else (None, None)
+            name = f"{NAME}_{kind}_{setting.split('/')[0].lower()}.png"
+            paths.append(barh_plot(part, "row", "value", out / name, f"Table 2, {setting}: {kind}", xlabel,
+                                   panel="panel", flag="unstable" if kind == "latency" else None, lo=lo, hi=hi))
     return paths
 
 

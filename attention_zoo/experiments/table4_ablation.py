@@ -139,7 +139,8 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> pd.DataFrame:
     if not plot.dropna(subset=["change_pct"]).empty:
         plot = plot.assign(what=plot["dataset"] + ": " + plot["metric"], row=plot["setting"].map(LABELS))
         report.bar_plot(plot, "what", "change_pct", "row", ctx.out / f"{NAME}.png",
-                        "Table 4: change vs full DAMCHA", "% change vs DAMCHA")
+                        "Table 4: change vs full DAMCHA (seed means)", "change vs DAMCHA (% of DAMCHA's value)",
+                        errorbar=None, xlabel="dataset: metric")
     return comp
 
 

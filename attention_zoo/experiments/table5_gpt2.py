@@ -44,15 +44,13 @@ from ..engine import (
     TrainConfig,
     TrainResult,
     batch_weight,
-    cleanup_distributed,
     evaluate,
-    init_distributed,
     parse_overrides,
     prune_checkpoints,
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, broadcast_object
+from ..engine.distributed import DistInfo, broadcast_object, run_distributed
 from ..envinfo import environment_record, set_seed
 from ..io import read_jsonl
 from ..measure.params import count_params
@@ -256,23 +254,29 @@ def paper_comparison(red: pd.DataFrame) -> pd.DataFrame:
 
 
 def _curves(out: Path, store: ResultStore) -> list[Path]:
+    """Training and periodic validation curves per dataset: one line per variant/flavour (its fixed colour,
+    damcha_repo dashed), the mean over seeds with a 95 % Student-t band; one panel per evaluation set."""
     frames = []
     for rec in store.records():
         rows = read_jsonl(run_dir_of(out, rec["cell"], store.context) / "metrics.jsonl")
-        label = f"{rec['cell']['variant']}/{rec['cell']['flavor']}/s{rec['cell']['seed']}"
+        label = f"{rec['cell']['variant']}/{rec['cell']['flavor']}"
         for r in rows:
             if r.get("event") in ("train", "eval"):
-                frames.append({"dataset": rec["cell"]["dataset"], "variant": label, "event": r["event"],
-                               "step": r["step"], "bpc": bpc(r["loss"]), "set": r.get("eval_set", "train")})
+                frames.append({"dataset": rec["cell"]["dataset"], "variant": label, "seed": rec["cell"]["seed"],
+                               "event": r["event"], "step": r["step"], "bpc": bpc(r["loss"]),
+                               "set": r.get("eval_set", "train")})
     if not frames:
         return []
-    df = pd.DataFrame(frames).drop_duplicates(["dataset", "variant", "event", "set", "step"], keep="last")
+    df = pd.DataFrame(frames).drop_duplicates(["dataset", "variant", "seed", "event", "set", "step"], keep="last")
     paths = []
     for (ds, event), g in df.groupby(["dataset", "event"]):
         what = "training loss" if event == "train" else "validation loss (periodic subset)"
-        g = g.assign(variant=g["variant"] + ("" if event == "train" else "/" + g["set"]))
-        paths.append(report.line_plot(g, "step", "bpc", "variant", out / f"{NAME}_curve_{ds}_{event}.png",
-                                      f"Table 5 {ds}: {what}", "bits per character", errorbar=None))
+        seeds = g["seed"].nunique()
+        band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
+        paths.append(report.line_plot(g.sort_values("variant", kind="stable"), "step", "bpc", "variant",
+                                      out / f"{NAME}_curve_{ds}_{event}.png", f"Table 5 {ds}: {what} ({band})",
+                                      "loss (bits per character)", xlabel="optimizer step",
+                                      panel="set" if event == "eval" else None, panel_title="eval set: {}"))
     return paths
 
 
@@ -301,6 +305,10 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> 
         notes += ["Final evaluation (deterministic windows): " + "; ".join(
             f"{ds}: context {int(c)}, stride {int(s)}, {int(r.eval_targets):,} of {int(r.split_targets):,} targets "
             "per split scored" for (ds, c, s), r in cover.iterrows())]
+    if quality["seed"].nunique() > 1:
+        ci = report.ci_table(quality[quality["metric"].isin(["test_loss", "test_bpc"]) & (quality["status"] == "ok")],
+                             ["variant", "flavor"], ["dataset", "metric"])
+        notes += ["## Test loss and bpc: mean [95 % Student-t interval] over seeds", "", report.markdown_table(ci)]
     if not eff.empty:
         notes += ["## Efficiency and size", "",
                   report.markdown_table(_wide(eff), floatfmt=".1f")]
@@ -336,11 +344,7 @@ def _flat(wide: pd.DataFrame) -> pd.DataFrame:
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
-    info = init_distributed(args.device)
-    try:
-        return _run(args, info)
-    finally:
-        cleanup_distributed()
+    return run_distributed(args.device, lambda info: _run(args, info))
 
 
 def _run(args, info: DistInfo) -> int:

@@ -60,14 +60,12 @@ from ..data.images import load_digits_images, load_images, train_val_split
 from ..engine import (
     TrainConfig,
     TrainResult,
-    cleanup_distributed,
-    init_distributed,
     parse_overrides,
     prune_checkpoints,
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, all_reduce, broadcast_object
+from ..engine.distributed import DistInfo, all_reduce, broadcast_object, run_distributed
 from ..envinfo import environment_record, set_seed
 from ..io import read_jsonl
 from ..measure.params import count_params
@@ -335,23 +333,30 @@ def paper_comparison(df: pd.DataFrame, preset_name: str, dataset: str) -> pd.Dat
 
 
 def _curves(out: Path, store: ResultStore, preset_name: str) -> list[Path]:
+    """Per training length: the training loss and the validation NLL side by side, one line per variant/flavour
+    (its fixed colour, damcha_repo dashed), the mean over seeds with a 95 % Student-t band."""
     frames = []
     for rec in store.records():
         cell = rec["cell"]
         if cell["preset"] != preset_name:
             continue
-        label = f"{cell['variant']}/{cell['flavor']}/s{cell['seed']}"
+        label = f"{cell['variant']}/{cell['flavor']}"
         for r in read_jsonl(run_dir_of(out, cell, store.context) / "metrics.jsonl"):
             if r.get("event") in ("train", "eval"):
                 frames.append({"epochs": cell["epochs"], "epoch": r["step"] / cell["steps_per_epoch"],
-                               "loss": r["loss"], "series": f"{label} {'train' if r['event'] == 'train' else 'val'}"})
+                               "loss": r["loss"], "seed": cell["seed"], "series": label,
+                               "split": "training loss (smoothed/mixed targets)" if r["event"] == "train"
+                               else "validation NLL"})
     if not frames:
         return []
     paths = []
     for epochs, g in pd.DataFrame(frames).groupby("epochs"):
-        paths.append(report.line_plot(g, "epoch", "loss", "series", out / f"{NAME}_curve_{preset_name}_{epochs}ep.png",
-                                      f"Table 6 ({preset_name}, {epochs} epochs): train loss (smoothed/mixed targets) "
-                                      "and val NLL", "cross-entropy (nats)", errorbar=None))
+        seeds = g["seed"].nunique()
+        band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
+        paths.append(report.line_plot(g.sort_values("series", kind="stable"), "epoch", "loss", "series",
+                                      out / f"{NAME}_curve_{preset_name}_{epochs}ep.png",
+                                      f"Table 6 ({preset_name}, {epochs} epochs): {band}", "cross-entropy (nats)",
+                                      xlabel="epoch", panel="split"))
     return paths
 
 
@@ -389,6 +394,9 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> 
              "70.93 / 89.71 at 100 epochs, 82.10 / 96.23 at 500 (ImageNet-1K, ViT-B/16). Baselines run in the "
              "flavour shown. Presets and the training recipe: attention_zoo/experiments/table6_vit.py.",
              "## Size and speed\n\n" + report.markdown_table(eff, floatfmt=".1f")]
+    if len(seeds) > 1:
+        ci = report.ci_table(acc[acc["status"] == "ok"], ["variant", "flavor"], ["column"])
+        notes.append("## Accuracy: mean [95 % Student-t interval] over seeds\n\n" + report.markdown_table(ci))
     bad = df[df["status"] != "ok"]
     if not bad.empty:
         notes.append("Non-ok cells: " + "; ".join(f"{r.variant}/{r.flavor}/e{r.epochs}: {r.status} {r.message}"
@@ -404,11 +412,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> 
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
-    info = init_distributed(args.device)
-    try:
-        return _run(args, info)
-    finally:
-        cleanup_distributed()
+    return run_distributed(args.device, lambda info: _run(args, info))
 
 
 def _run(args, info: DistInfo) -> int:

@@ -209,18 +209,31 @@ def slopes_wide(t_df: pd.DataFrame, d_df: pd.DataFrame) -> pd.DataFrame:
     return s.pivot_table(index=["variant", "flavour", "causal"], columns="column", values="slope").reset_index()
 
 
+AXIS = {"seq_len": "sequence length T (tokens, log₂)", "d_model": "model width D (log₂)"}
+PLOTTED = {"fwd_gflops_analytic": "forward GFLOP (analytic), log", "latency_fwd_median_ms":
+           "forward latency, median (ms), log", "peak_fwd_bwd_alloc_mib": "peak fwd+bwd memory (MiB, CUDA), log",
+           "peak_fwd_bwd_rss_mib": "peak fwd+bwd memory (MiB, CPU RSS), log"}
+
+
 def scaling_plots(t_df: pd.DataFrame, d_df: pd.DataFrame, out: Path) -> list[Path]:
+    """Log-log scaling plots, one per metric and sweep: one line per variant (its fixed colour; damcha_repo dashed,
+    option rows dotted), non-causal and causal side by side. One measurement per point (the latency IQR is in the
+    long CSV), so no error bars."""
     paths = []
     for frame, x in ((t_df, "seq_len"), (d_df, "d_model")):
         ok = frame[(frame["status"] == "ok") & (frame["value"] > 0)].copy() if not frame.empty else frame
         if ok.empty:
             continue
-        ok["row"] = ok["variant"] + "/" + ok["flavour"] + ok["causal"].map({True: " causal", False: ""})
+        ok["row"] = ok["variant"] + "/" + ok["flavour"]
+        ok["masking"] = ok["causal"].map({True: "causal", False: "non-causal"})
+        ok = ok.sort_values(["causal", "row"], kind="stable")
         for metric, g in ok.groupby("metric"):
-            if metric not in FITTED or metric == "flop_counter_gflops":
+            if metric not in PLOTTED:
                 continue
-            paths.append(line_plot(g, x, "value", "row", out / f"{NAME}_{metric}_vs_{x}.png", f"{metric} vs {x}",
-                                   f"{metric} ({g['unit'].iloc[0]})", loglog=True, errorbar=None))
+            paths.append(line_plot(g, x, "value", "row", out / f"{NAME}_{metric}_vs_{x}.png",
+                                   f"Table 7: {PLOTTED[metric].split(',')[0]} vs {x.replace('_', ' ')} "
+                                   "(single attention layer)", PLOTTED[metric], loglog=True, errorbar=None,
+                                   xlabel=AXIS[x], panel="masking"))
     return paths
 
 
@@ -269,6 +282,8 @@ def run(args) -> int:
     t_df = df[df["d_model"] == sweep["d_model"]] if not df.empty else df
     d_df = df[df["seq_len"] == sweep["seq_len"]] if not df.empty else df
     wide = slopes_wide(t_df, d_df)
+    if not wide.empty:  # the capability that explains the memory exponent in T (fused: ~T, kept logits: ~T²)
+        wide.insert(3, "attention core", wide["variant"].map(lambda v: get_attention_spec(row_of[v].name).core))
     out = Path(args.out)
     comp, params = complexity_frame(), params_frame()
     atomic_write_csv(comp, out / f"{NAME}_formulas_numbers.csv")
@@ -305,7 +320,9 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
         f"## Measured scaling exponents (log-log polyfit): single attention layer, batch {sweep['batch']}, "
         f"H={sweep['n_heads']}; T sweep {list(sweep['seq_lens'])} at D={sweep['d_model']}, D sweep "
         f"{list(sweep['d_models'])} at T={sweep['seq_len']}. FLOPs: forward (analytic, FlopCounterMode); time: "
-        "forward median; memory: peak of one forward+backward step (CUDA allocated / CPU RSS of a fresh process). "
+        "forward median; memory: peak of one forward+backward step (CUDA allocated / CPU RSS of a fresh process); "
+        "attention core: the registry's capability flags (fused: SDPA keeps no [B,H,T,S] tensor, so memory can grow "
+        "~T; full logits / explicit: the [B,H,T,S] weights are kept, ~T²). "
         "At smoke sizes on a CPU, per-call overhead dominates the forward time, so the time exponents are not "
         "asymptotic; read them from `--preset paper` on a GPU.",
     ])

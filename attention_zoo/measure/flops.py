@@ -6,9 +6,10 @@
 - ``fvcore_gmacs``: fvcore ``FlopCountAnalysis``, which counts one multiply-add as one "flop", i.e. **MACs**.
   Handles are registered so that nothing our variants run is left unsupported: an SDPA handle (fvcore has
   none and would count the attention core as 0), an exact einsum handle (fvcore's own rounds 4-D patterns), an
-  exact matmul handle (fvcore's undercounts a broadcast first operand), baddbmm, the custom autograd Functions of
-  MoA's grouped expert GEMM and DAMCHA's folded generator layer (opaque ``prim::PythonOp``s to the tracer), and
-  ``None`` (counted as 0, on purpose) for norms, softmax and elementwise / indexing / routing ops.
+  exact matmul handle (fvcore's undercounts a broadcast first operand), baddbmm, the handles every registered
+  variant declares for its own ops (``AttentionBase.fvcore_handles``: the custom autograd Functions that trace as
+  opaque ``prim::PythonOp``s, MoA's grouped expert GEMM and DAMCHA's folded generator layer), and ``None``
+  (counted as 0, on purpose) for norms, softmax and elementwise / indexing / routing ops.
 - ``flop_counter_gflops``: ``torch.utils.flop_counter.FlopCounterMode`` (2 per MAC) with formulas for
   ``aten._scaled_dot_product_flash_attention_for_cpu`` and ``aten._grouped_mm``, which it otherwise counts as 0
   without a warning.
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..registry import get_attention_spec, list_attentions
 from ..variants.base import AttentionBase
 
 # Ops that do no multiply-add work worth counting (elementwise, reductions, softmax, norms, indexing, routing,
@@ -86,7 +88,8 @@ def einsum_macs(equation: str, shapes: list[list[int]]) -> int:
 
 
 def fvcore_handles() -> dict:
-    """``set_op_handle`` arguments: exact MAC handles for SDPA / einsum / matmul / baddbmm, 0 for the rest."""
+    """``set_op_handle`` arguments: exact MAC handles for SDPA / einsum / matmul / baddbmm, those every registered
+    variant declares for its own ops (``fvcore_handles`` on its class), 0 for the rest."""
     from fvcore.nn.jit_handles import get_shape
 
     def sdpa(inputs, outputs):
@@ -99,13 +102,6 @@ def fvcore_handles() -> dict:
     def baddbmm(inputs, outputs):
         return _prod(get_shape(outputs[0])) * get_shape(inputs[1])[-1]
 
-    def grouped_expert_matmul(inputs, outputs):  # (input rows, weights [E, n_in, n_out], pair positions)
-        w = get_shape(inputs[1])
-        return _prod(get_shape(inputs[2])) * w[-2] * w[-1]  # every (token, slot) pair runs one n_in×n_out GEMV
-
-    def rowsum_linear(inputs, outputs):  # (z [n, w], W [D², w], ...) -> [n, H·dh·dh]: a Linear on the folded W
-        return _prod(get_shape(outputs[0])) * get_shape(inputs[0])[-1]
-
     def einsum(inputs, outputs):
         shapes = [get_shape(v) for v in inputs[1].node().inputs()]
         return einsum_macs(inputs[0].toIValue(), shapes)
@@ -116,11 +112,9 @@ def fvcore_handles() -> dict:
     # None marks an op as ignored but does not remove one of fvcore's default handles (norms): those get zero()
     handles = {op: zero if op.endswith("_norm") else None for op in ZERO_COST_OPS}
     handles.update({"aten::scaled_dot_product_attention": sdpa, "aten::matmul": matmul, "aten::mm": matmul,
-                    "aten::einsum": einsum, "aten::baddbmm": baddbmm,
-                    # custom autograd Functions trace as opaque PythonOps: MoA's grouped per-expert GEMM and
-                    # DAMCHA's RowSum-folded final generator layer (the fold's additions count 0, as elsewhere)
-                    "prim::PythonOp._ExpertLinear": grouped_expert_matmul,
-                    "prim::PythonOp._RowSumLinear": rowsum_linear})
+                    "aten::einsum": einsum, "aten::baddbmm": baddbmm})
+    for name in list_attentions():  # plugins included: whatever is registered when counting
+        handles.update(get_attention_spec(name).cls.fvcore_handles())
     return handles
 
 

@@ -114,7 +114,7 @@ class LatencyResult:
                   torch.get_num_threads(), device, warmup, dict(load or {}))
         reasons = []
         if med > 0 and (q75 - q25) / med > max_iqr:
-            reasons.append(f"IQR/median {(q75 - q25) / med:.0%} > {max_iqr:.0%}")
+            reasons.append(f"IQR/median {(q75 - q25) / med:.1%} > {max_iqr:.0%}")
         if load:
             cores, threads = load.get("cores", 1), 1 if device.startswith("cuda") else res.threads
             extra = max(load.get("load_before", 0.0), load.get("load_after", 0.0)) - threads
@@ -205,6 +205,57 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
             fn()
             times.append((time.perf_counter_ns() - t0) / 1e6)
     return LatencyResult.from_times(times, str(device), warmup, probe.stop())
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", warmup: int = 1,
+                        repeats: int | None = None, *, min_time_s: float = 1.0, min_repeats: int = 10,
+                        max_repeats: int = 1000) -> tuple[dict[str, LatencyResult], dict[str, BaseException]]:
+    """Time several callables in rounds (A B C … A B C …), so that drift in the machine's load hits all alike, until
+    each has ``repeats`` calls or at least ``min_repeats`` calls and ``min_time_s`` seconds of timed work. One
+    noise-guard probe covers the whole timing. Returns ``(results, failures)``: a callable that raises is dropped
+    from later rounds and its exception returned (the caller decides whether it is an OOM row or a bug)."""
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if repeats is not None:
+        check_positive_int("repeats", repeats)
+        min_repeats, max_repeats, min_time_s = repeats, repeats, 0.0
+    device = torch.device(device)
+    live, failures = dict(fns), {}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+
+    def call(label: str, fn, timed: bool) -> None:
+        try:
+            if not timed:
+                fn()
+            elif device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize(device)
+                times[label].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter_ns()
+                fn()
+                times[label].append((time.perf_counter_ns() - t0) / 1e6)
+        except Exception as exc:  # noqa: BLE001 - reported per case, the others go on
+            failures[label] = exc
+            del live[label]
+
+    for _ in range(warmup):
+        for label, fn in list(live.items()):
+            call(label, fn, False)
+    probe = LoadProbe().start(device)
+
+    def done(label: str) -> bool:
+        t = times[label]
+        return len(t) >= max_repeats or (len(t) >= min_repeats and sum(t) >= 1e3 * min_time_s)
+
+    while any(not done(k) for k in live):
+        for label, fn in list(live.items()):
+            if not done(label):
+                call(label, fn, True)
+    load = probe.stop()
+    return {k: LatencyResult.from_times(times[k], str(device), warmup, load) for k in live}, failures
 
 
 def step_fn(workload: Workload, mode: str) -> Callable[[], object]:

@@ -13,8 +13,8 @@ the noise guard's verdict: a case is ``unstable`` when its IQR/median exceeds 10
 interleaved timing (load average and other processes' CPU time are recorded around it), or its achieved rate
 exceeds the GEMM rate. ``--csv`` / ``--md`` write the table.
 
-Targets it reports on: MHA reaches ≥ 65 % of the GEMM rate; the non-causal DAMCHA layer is no slower than MHA
-and counts fewer FLOPs; the causal shared DAMCHA Decoder's peak memory is ≤ 1.5 × the MHA Decoder's.
+The performance targets (``TARGETS``) are checked against the rows that ran and printed with their verdicts;
+``--extra damcha:collapsed_generator=true`` adds the collapsed-generator rows one of them needs.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import torch
 from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
 from ..envinfo import device_name, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
-from ..registry import get_attention_spec, is_attention, select_attentions
+from ..plugins import add_include_argument
+from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
 from .flops import analytic_flops
-from .latency import LOAD_KEYS, LatencyResult, LoadProbe, measure_latency, measure_model_latency, step_fn
+from .latency import LOAD_KEYS, measure_interleaved, measure_latency, step_fn
 from .memory import measure_memory_many, memory_item
-from .status import guarded
+from .status import guarded, is_oom, short_message
 from .workload import build_workload, workload_spec
 
 BASELINE, METHOD = "mha", "damcha"
@@ -54,31 +55,22 @@ def flavors_of(name: str, flavor: str) -> list[str]:
 
 
 def cases(names: list[str], args) -> list[tuple[str, dict]]:
-    """(label, workload spec) per variant and flavour: layer non-causal, layer causal, N-layer causal Decoder."""
+    """(label, workload spec) per variant and flavour, then per ``--extra`` option setting: layer non-causal,
+    layer causal, N-layer causal Decoder."""
     base = dict(d_model=args.d_model, n_heads=args.heads, batch=args.batch, seq_len=args.seq_len)
+    rows = [(name, f"{name}[{flavor}]" if flavor != "paper" else name, {"flavor": flavor})
+            for name in names for flavor in flavors_of(name, getattr(args, "flavor", "paper"))]
+    rows += [(name, label, options) for name, options, label in parse_option_rows(getattr(args, "extra", []))]
     out = []
-    for name in names:
-        for flavor in flavors_of(name, getattr(args, "flavor", "paper")):
-            tag = name if flavor == "paper" else f"{name}[{flavor}]"
-            opts = {"options": {"flavor": flavor}}
-            out.append((f"{tag} layer non-causal", workload_spec(attention=name, causal=False, **opts, **base)))
-            if get_attention_spec(name).causal_ok:
-                out.append((f"{tag} layer causal", workload_spec(attention=name, causal=True, **opts, **base)))
-                out.append((f"{tag} decoder {args.layers}L causal", workload_spec(
-                    kind="decoder", attention=name, n_layers=args.layers, vocab_size=args.vocab, share_mlp=True,
-                    **opts, **base)))
+    for name, tag, options in rows:
+        opts = {"options": options}
+        out.append((f"{tag} layer non-causal", workload_spec(attention=name, causal=False, **opts, **base)))
+        if get_attention_spec(name).causal_ok:
+            out.append((f"{tag} layer causal", workload_spec(attention=name, causal=True, **opts, **base)))
+            out.append((f"{tag} decoder {args.layers}L causal", workload_spec(
+                kind="decoder", attention=name, n_layers=args.layers, vocab_size=args.vocab, share_mlp=True,
+                **opts, **base)))
     return out
-
-
-def run_case(spec: dict, device: torch.device, warmup: int, repeats: int) -> dict:
-    def measure():
-        wl = build_workload(spec, device)
-        fwd = analytic_flops(wl.model, wl.batch, wl.seq_len)
-        lat = measure_model_latency(wl, "fwd_bwd", device, warmup, repeats)
-        return {"fwd_gflop": fwd / 1e9, "fwd_bwd_ms": lat.median_ms, "iqr_ms": lat.iqr_ms,
-                "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9}
-
-    return guarded(measure, device)
 
 
 def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: int, rounds: int) -> dict:
@@ -95,31 +87,21 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
             live[label] = res
         else:
             rows[label] = {"status": res["status"], "message": res.get("message")}
-    times = {label: [] for label in live}
-    probe = LoadProbe().start(device)  # the noise guard watches the whole interleaved timing
-    for r in range(warmup + rounds):
-        for label, case in list(live.items()):
-            res = guarded(lambda case=case: _timed(case["fn"], device), device)
-            if res["status"] != "ok":
-                rows[label] = {"status": res["status"], "message": res.get("message")}
-                del live[label]
-            elif r >= warmup:
-                times[label].append(res["ms"])
-    load = probe.stop()
-    for label, case in live.items():
-        lat = LatencyResult.from_times(times[label], str(device), warmup, load)
-        fwd = case["fwd"]
+    results, failures = measure_interleaved({label: case["fn"] for label, case in live.items()}, device, warmup,
+                                            repeats=rounds)
+    for label, exc in failures.items():
+        if not is_oom(exc):
+            raise exc
+        rows[label] = {"status": "oom", "message": short_message(exc)}
+    for label, lat in results.items():
+        fwd = live[label]["fwd"]
         rows[label] = {"status": "ok", "message": None, "fwd_gflop": fwd / 1e9, "fwd_bwd_ms": lat.median_ms,
-                       "iqr_ms": lat.iqr_ms, "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9,
+                       "iqr_ms": lat.iqr_ms, "q25_ms": lat.q25_ms, "q75_ms": lat.q75_ms,
+                       "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9,
                        "unstable": lat.unstable, "unstable_reason": lat.unstable_reason or None,
                        **{k: lat.load.get(k) for k in LOAD_KEYS}}
-        case.clear()  # free the model before the next one's memory is measured
+    live.clear()  # free the models before the memory is measured
     return {label: rows[label] for label, _ in todo}
-
-
-def _timed(fn, device: torch.device) -> dict:
-    res = measure_latency(fn, device, warmup=0, repeats=1)
-    return {"ms": res.median_ms}
 
 
 def baseline_label(label: str) -> str:
@@ -177,27 +159,73 @@ def _ratio(rows: dict, a: str, b: str, key: str) -> float | None:
     return ra[key] / rb[key]
 
 
-def summary_lines(rows: dict, gemm: float, layers: int) -> list[str]:
-    def fmt(v, spec=".3f"):
-        return "n/a" if v is None else format(v, spec)
+# Performance targets, checked against this benchmark's rows (never in timed unit tests): (what, case, its
+# reference case or None for % of the GEMM rate, the compared value, the bound it must not exceed / fall below).
+TARGETS = (
+    ("MHA layer, % of the GEMM rate", "mha layer non-causal", None, "achieved_gflops", ">=", 65.0),
+    ("DAMCHA shared decoder / MHA decoder, fwd+bwd time", "damcha decoder", "mha decoder", "fwd_bwd_ms", "<=", 2.3),
+    ("DCMHA layer / MHA, fwd+bwd time (non-causal)", "dcmha layer non-causal", "mha layer non-causal",
+     "fwd_bwd_ms", "<=", 2.5),
+    ("DCMHA layer / MHA, fwd+bwd time (causal)", "dcmha layer causal", "mha layer causal", "fwd_bwd_ms", "<=", 2.5),
+    ("DCMHA decoder / MHA decoder, peak memory", "dcmha decoder", "mha decoder", "peak_mib", "<=", 3.0),
+    ("THA layer / MHA, fwd+bwd time (non-causal)", "tha layer non-causal", "mha layer non-causal", "fwd_bwd_ms",
+     "<=", 1.4),
+    ("THA layer / MHA, fwd+bwd time (causal)", "tha layer causal", "mha layer causal", "fwd_bwd_ms", "<=", 1.4),
+    ("THA decoder / MHA decoder, peak memory", "tha decoder", "mha decoder", "peak_mib", "<=", 2.5),
+    ("MoA layer, % of the GEMM rate (non-causal)", "moa layer non-causal", None, "achieved_gflops", ">=", 50.0),
+    ("MoA layer, % of the GEMM rate (causal)", "moa layer causal", None, "achieved_gflops", ">=", 50.0),
+    ("DAMCHA layer / MHA, fwd+bwd time (non-causal)", "damcha layer non-causal", "mha layer non-causal",
+     "fwd_bwd_ms", "<=", 1.3),
+    ("DAMCHA collapsed layer / MHA, fwd+bwd time (non-causal)", "damcha[collapsed_generator=true] layer non-causal",
+     "mha layer non-causal", "fwd_bwd_ms", "<=", 1.0),
+)
 
-    def verdict(ok):
-        return "n/a" if ok is None else ("meets target" if ok else "misses target")
 
-    mha = rows.get(f"{BASELINE} layer non-causal", {}).get("achieved_gflops")
-    pct = None if mha is None else 100 * mha / gemm
-    t = _ratio(rows, f"{METHOD} layer non-causal", f"{BASELINE} layer non-causal", "fwd_bwd_ms")
-    f = _ratio(rows, f"{METHOD} layer non-causal", f"{BASELINE} layer non-causal", "fwd_gflop")
-    dec = f"decoder {layers}L causal"
-    m = _ratio(rows, f"{METHOD} {dec}", f"{BASELINE} {dec}", "peak_mib")
-    return [
-        f"MHA layer achieved / GEMM rate: {fmt(pct, '.1f')} % (target >= 65 %): "
-        f"{verdict(None if pct is None else pct >= 65)}",
-        f"DAMCHA/MHA non-causal layer fwd+bwd time: {fmt(t)} (target <= 1): {verdict(None if t is None else t <= 1)}",
-        f"DAMCHA/MHA non-causal layer analytic FLOPs: {fmt(f)} (target < 1): {verdict(None if f is None else f < 1)}",
-        f"DAMCHA/MHA causal shared decoder peak memory: {fmt(m)} (target <= 1.5): "
-        f"{verdict(None if m is None else m <= 1.5)}",
-    ]
+def _find(rows: dict, prefix: str) -> dict | None:
+    """The row whose label is ``prefix`` or starts with it (decoder labels carry the layer count)."""
+    for label, r in rows.items():
+        if (label == prefix or label.startswith(prefix + " ")) and r.get("status") == "ok":
+            return r
+    return None
+
+
+def summary_lines(rows: dict, gemm: float) -> list[str]:
+    """One line per target whose cases ran: the measured value, the bound and the verdict (unstable noted)."""
+    out = []
+    for what, case, ref, key, op, bound in TARGETS:
+        r, b = _find(rows, case), _find(rows, ref) if ref else None
+        if r is None or (ref and (b is None or not b.get(key))):
+            continue
+        value = 100 * r[key] / gemm if ref is None else r[key] / b[key]
+        ok = value >= bound if op == ">=" else value <= bound
+        timed = key != "peak_mib"
+        shaky = " (timing unstable)" if timed and (r.get("unstable") or (b or {}).get("unstable")) else ""
+        unit = " %" if ref is None else "x"
+        out.append(f"{what}: {value:.2f}{unit} (target {op} {bound:g}{unit}): "
+                   f"{'meets' if ok else 'misses'} target{shaky}")
+    return out
+
+
+def plot(rows: dict, path, title: str):
+    """fwd+bwd time (q25–q75 error bars) per case, one panel per kind of case (layer non-causal,
+    layer causal, decoder); each variant in its fixed colour, damcha_repo hatched, unstable timings faded."""
+    import pandas as pd
+
+    from ..report import barh_plot
+
+    recs = []
+    for label, r in rows.items():
+        if r.get("status") != "ok":
+            continue
+        name, kind = label.split(" ", 1)
+        variant, _, flavor = name.partition("[")
+        row = f"{variant}/{flavor.rstrip(']') or 'paper'}"
+        recs.append({"row": row, "kind": kind, "value": r["fwd_bwd_ms"], "q25": r.get("q25_ms"),
+                     "q75": r.get("q75_ms"), "unstable": bool(r.get("unstable"))})
+    if not recs:
+        return None
+    return barh_plot(pd.DataFrame(recs), "row", "value", path, f"Quick benchmark: fwd+bwd time\n{title}",
+                     "fwd+bwd time, median (ms)", panel="kind", flag="unstable", lo="q25", hi="q75")
 
 
 @cli_main
@@ -220,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--csv", "--out", dest="csv", default=None, help="optional CSV of the rows")
     p.add_argument("--md", default=None, help="optional markdown table of the rows")
+    p.add_argument("--extra", nargs="*", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                   help="extra rows for option settings, e.g. damcha:metric_cache=recompute")
+    p.add_argument("--plot", default=None, help="optional PNG: fwd+bwd time per case (q25-q75 error bars)")
+    add_include_argument(p)
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)
@@ -256,18 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median (IQR) of "
              f"{args.repeats} interleaved rounds; memory = {unit} of one fwd+bwd step; ratios to MHA's case")
     print(f"\n{title}")
-    widths = [36, 10, 11, 8, 7, 7, 9, 10, 9]
+    widths = [max(36, *(len(label) for label in rows)), 10, 11, 8, 7, 7, 9, 10, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
     for r in table_rows(rows, gemm):
         if len(r) > 2 and r[2] == "":
-            print(f"{r[0]:<36} {r[1]}")
+            print(f"{r[0]:<{widths[0]}} {r[1]}")
             continue
         print(" ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     unstable = [(k, v.get("unstable_reason")) for k, v in rows.items() if v.get("unstable")]
     for label, why in unstable:
         print(f"warning: {label}: unstable timing ({why})", file=sys.stderr)
     print()
-    for line in summary_lines(rows, gemm, args.layers):
+    for line in summary_lines(rows, gemm):
         print(line)
     if args.csv:
         import pandas as pd
@@ -275,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         frame = pd.DataFrame([{"case": k, **v, "gemm_gflops": gemm, "device": str(device),
                                "threads": torch.get_num_threads()} for k, v in rows.items()])
         atomic_write_csv(frame, args.csv)
+    if args.plot:
+        plot(rows, args.plot, title)
     if args.md:
         atomic_write_text(args.md, markdown(rows, gemm, f"# Quick benchmark\n\n{env}; fp32 GEMM {gemm:.1f} GFLOP/s\n\n"
                                             f"{title}"))

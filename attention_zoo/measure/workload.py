@@ -37,8 +37,10 @@ _DEFAULTS = dict(
     batch=2,
     seq_len=32,
     seed=0,
-    dtype="float32",
+    dtype="float32",  # parameters and inputs
+    amp=None,  # None, "bfloat16" or "float16": the forward runs under torch.autocast on the device
 )
+AMP_DTYPES = (None, "bfloat16", "float16")
 
 
 def workload_spec(**overrides) -> dict:
@@ -50,6 +52,7 @@ def workload_spec(**overrides) -> dict:
     spec["options"] = dict(spec["options"] or {})
     check_choice("kind", spec["kind"], KINDS)
     check_choice("dtype", spec["dtype"], tuple(DTYPES))
+    check_choice("amp", spec["amp"], AMP_DTYPES)
     for name in ("batch", "seq_len", "d_model", "n_heads", "n_layers", "vocab_size"):
         check_positive_int(name, spec[name])
     return spec
@@ -73,7 +76,11 @@ class Workload:
         return self.spec["seq_len"]
 
     def forward(self):
-        return self.model(*self.inputs)
+        if self.spec.get("amp") is None:
+            return self.model(*self.inputs)
+        device = next((t.device for t in self.inputs if torch.is_tensor(t)), torch.device("cpu"))
+        with torch.autocast(device.type, dtype=DTYPES[self.spec["amp"]]):
+            return self.model(*self.inputs)
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)

@@ -31,27 +31,30 @@ class Decoder(nn.Module):
 
     ``forward(tokens [B,T], padding_mask=None) -> ModelOutput(logits [B,T,V], aux_loss)``. Defaults are GPT-2-like
     (pre-LN, learned positions, tied output head); ``norm="post", positions="sinusoidal"`` is the DAMCHA authors'
-    decoder (docs/variants.md §0.2). ``share_mlp=True``: DAMCHA's metric generator is built once at construction, run
-    once per forward on the stack input (embeddings + positions), and its metrics are reused by every layer.
+    decoder (docs/variants.md §0.2). ``share_across_layers`` (alias ``share_mlp``; default True): a ``stack_shared``
+    attention's shared module (DAMCHA's metric generator) is built once at construction and run once per forward on
+    the stack input (embeddings + positions), and every layer reuses its result; False: each layer has its own.
 
     Raises:
-        ValueError: non-positive sizes, unknown attention or option, tokens not an integer [B,T] tensor within
-            the vocabulary and ``max_seq_len``.
+        ValueError: non-positive sizes, unknown attention or option, ``share_across_layers`` and ``share_mlp``
+            given with different values, tokens not an integer [B,T] tensor within the vocabulary and
+            ``max_seq_len``.
     """
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, attention: str = "mha",
-                 attention_options: dict | None = None, share_mlp: bool = True, d_ff: int | None = None,
-                 max_seq_len: int = 1024, dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "pre",
-                 positions: str = "learned", tie_weights: bool = True):
+                 attention_options: dict | None = None, share_across_layers: bool | None = None,
+                 d_ff: int | None = None, max_seq_len: int = 1024, dropout: float = 0.0, attn_dropout: float = 0.0,
+                 norm: str = "pre", positions: str = "learned", tie_weights: bool = True,
+                 share_mlp: bool | None = None):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_choice("positions", positions, ("learned", "sinusoidal"))
         if not isinstance(tie_weights, bool):
             raise ValueError(f"tie_weights: expected a bool, got {tie_weights!r}")
-        self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}), share_mlp,
-                               causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
-                               max_seq_len=max_seq_len)
+        self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
+                               share_across_layers, causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout,
+                               norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if positions == "learned":

@@ -1,19 +1,38 @@
 """A stack of transformer blocks around any registered attention, shared by every backbone.
 
-Stack-wise sharing is a capability, not a name check: an attention whose spec has ``stack_shared`` builds one
-shared module for the stack (``cls.build_stack_shared``); the stack calls it once on its input (after the
-positional encoding) and hands the result to every layer as ``stack_context``.
+Stack-wise sharing is a protocol, not a name check (``AttentionBase``, docs/design.md "Stack sharing"): when the
+backbone shares across layers and the attention's spec has ``stack_shared``, the stack asks the class for one
+shared module (``cls.build_stack_shared``), hands every layer a ``StackShare(shared, layer_idx, n_layers)``, and on
+each forward computes ``cls.stack_context(shared, x, padding_mask)`` once on its input (after the positional
+encoding), which every layer receives as ``stack_context``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..registry import create_attention, get_attention_spec
+from ..variants.base import StackShare
+
+
+def resolve_share_flag(share_across_layers: bool | None, share_mlp: bool | None) -> bool:
+    """The backbone's sharing flag from its generic name and its alias ``share_mlp`` (DAMCHA's name); True when
+    neither is given.
+
+    Raises:
+        ValueError: a value that is not a bool, or the two names given with different values.
+    """
+    for name, v in (("share_across_layers", share_across_layers), ("share_mlp", share_mlp)):
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"{name}: expected a bool, got {v!r}")
+    if share_across_layers is not None and share_mlp is not None and share_across_layers != share_mlp:
+        raise ValueError(f"share_mlp: share_mlp={share_mlp} contradicts share_across_layers={share_across_layers} "
+                         "(share_mlp is its alias; give one)")
+    return next((v for v in (share_across_layers, share_mlp) if v is not None), True)
 
 
 @dataclass
@@ -23,15 +42,18 @@ class StackConfig:
     n_heads: int
     attention: str = "mha"
     attention_options: dict = field(default_factory=dict)
-    share_mlp: bool = True  # one stack-shared module (DAMCHA's metric generator) instead of one per layer
+    # One stack-shared module (a ``stack_shared`` attention's, e.g. DAMCHA's metric generator) instead of one per
+    # layer; None means True. ``share_mlp`` is accepted as its alias (the name DAMCHA's options use).
+    share_across_layers: bool | None = None
     causal: bool = False
     d_ff: int | None = None  # default 4·d_model
     dropout: float = 0.0  # residual and FFN dropout
     attn_dropout: float = 0.0  # attention-weight dropout
     norm: str = "pre"  # "pre" (GPT-2/ViT) or "post" (the DAMCHA authors' decoder)
     max_seq_len: int | None = None
+    share_mlp: InitVar[bool | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, share_mlp: bool | None):
         for name in ("d_model", "n_layers", "n_heads"):
             check_positive_int(name, getattr(self, name))
         if self.d_ff is not None:
@@ -39,17 +61,23 @@ class StackConfig:
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
         check_choice("norm", self.norm, ("pre", "post"))
-        for name in ("share_mlp", "causal"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        self.share_across_layers = resolve_share_flag(self.share_across_layers, share_mlp)
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal: expected a bool, got {self.causal!r}")
         if self.attention_options is None:
             self.attention_options = {}
         if not isinstance(self.attention_options, dict):
             raise ValueError(f"attention_options: expected a dict, got {type(self.attention_options).__name__}")
+        # The same flag under DAMCHA's option name: it reaches the variant's build_stack_shared with the options, so
+        # it must agree with the backbone's.
         opt_share = self.attention_options.get("share_mlp")
-        if opt_share is not None and opt_share != self.share_mlp:
-            raise ValueError(f"share_mlp: backbone share_mlp={self.share_mlp} contradicts attention_options "
-                             f"share_mlp={opt_share}")
+        if opt_share is not None and opt_share != self.share_across_layers:
+            raise ValueError(f"share_mlp: backbone share_across_layers={self.share_across_layers} contradicts "
+                             f"attention_options share_mlp={opt_share}")
+
+
+# Read access under the alias (the dataclass keeps ``share_mlp`` an init-only argument, so ``replace`` works).
+StackConfig.share_mlp = property(lambda self: self.share_across_layers, doc="Alias of ``share_across_layers``.")
 
 
 class FeedForward(nn.Sequential):
@@ -77,41 +105,49 @@ class Block(nn.Module):
 
 
 class AttentionStack(nn.Module):
-    """``n_layers`` blocks of one attention variant; returns (hidden [B,T,D], aux_loss scalar)."""
+    """``n_layers`` blocks of one attention variant; returns (hidden [B,T,D], aux_loss scalar).
+
+    ``shared``: the module the attention's ``build_stack_shared`` built for this stack (registered here, so it is
+    counted and saved once), or None.
+    """
 
     def __init__(self, cfg: StackConfig):
         super().__init__()
         self.cfg = cfg
         spec = get_attention_spec(cfg.attention)
-        opts = {k: v for k, v in cfg.attention_options.items() if k != "share_mlp"}
+        self._attention_cls = spec.cls
+        opts = dict(cfg.attention_options)
         common = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, causal=cfg.causal, dropout=cfg.attn_dropout)
         if cfg.max_seq_len is not None and "max_seq_len" in spec.options:
             opts.setdefault("max_seq_len", cfg.max_seq_len)
         self.shared = None
-        if spec.stack_shared:
+        if spec.stack_shared and cfg.share_across_layers:
             # Built at construction so .to(), optimizers and state_dict see it before the first forward.
-            self.shared = spec.cls.build_stack_shared(n_layers=cfg.n_layers, share=cfg.share_mlp, **common, **opts)
-            opts = {**opts, "shared": self.shared, "share_mlp": cfg.share_mlp}
+            self.shared = spec.cls.build_stack_shared(n_layers=cfg.n_layers, **common, **opts)
         layers = []
         for i in range(cfg.n_layers):
-            layer_opts = {**opts, "layer_idx": i, "n_layers": cfg.n_layers} if spec.stack_shared else opts
-            attn = create_attention(cfg.attention, **common, **layer_opts)
+            stack = StackShare(self.shared, i, cfg.n_layers) if spec.stack_shared else None
+            attn = create_attention(cfg.attention, **common, stack=stack, **opts)
             layers.append(Block(attn, cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.dropout, cfg.norm))
         self.layers = nn.ModuleList(layers)
+        # Only variants that declare an auxiliary loss set one: the others' stacks skip the collection walk.
+        self.collects_aux_loss = spec.has_aux_loss
+        self.has_metric = spec.has_metric
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None):
         ctx = None
         if self.shared is not None:
-            # Validated (and made bool) before the shared generator sees it, as each layer would do.
+            # Validated (and made bool) before the shared module sees it, as each layer would do.
             padding_mask = self.layers[0].attn.check_inputs(x, padding_mask, None)[0]
-            ctx = self.shared.stack_context(x, padding_mask)
+            ctx = self._attention_cls.stack_context(self.shared, x, padding_mask)
         for layer in self.layers:
             x = layer(x, padding_mask, attn_mask, ctx)
         aux = []
-        for m in self.modules():  # each module once, so a shared generator's KL counts once
-            if torch.is_tensor(getattr(m, "aux_loss", None)):
-                aux.append(m.aux_loss)
-                m.aux_loss = None  # collected; a graph tensor left on a module would also block deepcopy
+        if self.collects_aux_loss:
+            for m in self.modules():  # each module once, so a shared generator's KL counts once
+                if torch.is_tensor(getattr(m, "aux_loss", None)):
+                    aux.append(m.aux_loss)
+                    m.aux_loss = None  # collected; a graph tensor left on a module would also block deepcopy
         aux_loss = torch.stack(aux).sum() if aux else x.new_zeros(())
         return x, aux_loss
 
@@ -120,8 +156,7 @@ class AttentionStack(nn.Module):
 
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:
         """Per-layer D×D metrics of attentions that have one (empty for baselines)."""
-        out = []
-        for i, attn in enumerate(self.attentions()):
-            if get_attention_spec(self.cfg.attention).has_metric:
-                out += [(f"layers.{i}.{name}", M) for name, M in attn.get_M_matrices()]
-        return out
+        if not self.has_metric:
+            return []
+        return [(f"layers.{i}.{name}", M) for i, attn in enumerate(self.attentions())
+                for name, M in attn.get_M_matrices()]

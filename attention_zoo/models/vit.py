@@ -13,16 +13,19 @@ from .stack import AttentionStack, StackConfig
 class VisionTransformer(nn.Module):
     """ViT classifier. Attention is non-causal over [CLS] + patches, so DAMCHA's shared generator sees the
     full-sequence mean of the stack input (after the positional embedding), as in the authors' ViT.
+    ``share_across_layers`` (alias ``share_mlp``; default True) as in ``Decoder``.
 
     ``forward(images [B,C,H,W]) -> ModelOutput(logits [B,num_classes], aux_loss)``.
 
     Raises:
-        ValueError: non-positive sizes, image_size not divisible by patch_size, images of the wrong shape.
+        ValueError: non-positive sizes, image_size not divisible by patch_size, ``share_across_layers`` and
+            ``share_mlp`` given with different values, images of the wrong shape.
     """
 
     def __init__(self, image_size: int, patch_size: int, num_classes: int, d_model: int, n_layers: int,
-                 n_heads: int, attention: str = "mha", attention_options: dict | None = None, share_mlp: bool = True,
-                 in_chans: int = 3, d_ff: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0):
+                 n_heads: int, attention: str = "mha", attention_options: dict | None = None,
+                 share_across_layers: bool | None = None, in_chans: int = 3, d_ff: int | None = None,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, share_mlp: bool | None = None):
         super().__init__()
         for name, v in (("image_size", image_size), ("patch_size", patch_size), ("num_classes", num_classes),
                         ("in_chans", in_chans)):
@@ -31,9 +34,9 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"patch_size: image_size={image_size} is not divisible by patch_size={patch_size}")
         self.image_size, self.in_chans = image_size, in_chans
         n_patches = (image_size // patch_size) ** 2
-        self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}), share_mlp,
-                               causal=False, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout, norm="pre",
-                               max_seq_len=n_patches + 1)
+        self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
+                               share_across_layers, causal=False, d_ff=d_ff, dropout=dropout,
+                               attn_dropout=attn_dropout, norm="pre", max_seq_len=n_patches + 1, share_mlp=share_mlp)
         self.patch_embed = nn.Conv2d(in_chans, d_model, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model))
         self.pos_emb = nn.Parameter(torch.zeros(1, n_patches + 1, d_model))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import abc
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +84,52 @@ class Masks:
         return Masks(pick(self.keep), pick(self.bias), pick(self.dead), self.padding, self.causal, self.causal_only)
 
 
+@dataclass(frozen=True)
+class StackShare:
+    """What a backbone tells one attention layer of its stack (the ``stack`` argument of a ``stack_shared`` variant).
+
+    ``shared``: the module that ``build_stack_shared`` built for the stack, or None when the layers do not share
+    (each layer then builds what it needs itself); ``layer_idx``: this layer's position, 0-based; ``n_layers``: the
+    depth of the stack. Set by the backbone (``AttentionStack``, an adapter), never a user option: it is not among a
+    spec's ``options`` and result cells do not record it.
+
+    Raises:
+        ValueError: ``shared`` not a module or None, ``n_layers`` not a positive int, ``layer_idx`` outside
+            [0, n_layers).
+    """
+
+    shared: nn.Module | None = None
+    layer_idx: int = 0
+    n_layers: int = 1
+
+    def __post_init__(self):
+        if self.shared is not None and not isinstance(self.shared, nn.Module):
+            raise _err("stack", f"shared: expected the module built by build_stack_shared or None, got "
+                                f"{type(self.shared).__name__}")
+        check_positive_int("n_layers", self.n_layers)
+        check_positive_int("layer_idx", self.layer_idx, allow_zero=True)
+        if self.layer_idx >= self.n_layers:
+            raise _err("layer_idx", f"expected < n_layers={self.n_layers}, got {self.layer_idx}")
+
+    @classmethod
+    def check(cls, stack) -> StackShare:
+        """``stack`` as given to a layer's constructor: None means a layer on its own (index 0 of 1, nothing shared).
+
+        Raises:
+            ValueError: ``stack`` neither a StackShare nor None.
+        """
+        if stack is None:
+            return cls()
+        if not isinstance(stack, cls):
+            raise _err("stack", f"expected a StackShare (set by the backbone) or None, got {stack!r}")
+        return stack
+
+
+def value_shape(value) -> list[int] | None:
+    """Shape of a traced TorchScript value (what an fvcore op handle receives), None when the tracer lost it."""
+    return value.type().sizes() if value.isCompleteTensor() else None
+
+
 @functools.lru_cache(maxsize=16)
 def _causal_keep(seq_len: int, device: torch.device) -> Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
@@ -107,7 +155,10 @@ def resolve_masks(
         keep = _causal_keep(seq_len, device)  # [1,1,T,S]
     if extra_keep is not None:
         keep = conj(keep, extra_keep)
-    padded = padding_mask is not None and not bool(padding_mask.all())
+    # The ``bool(...)`` tests below only skip work when a mask constrains nothing; under torch.compile they would be
+    # data-dependent graph breaks, so the compiled graph keeps the (then no-op) masks instead.
+    compiling = torch.compiler.is_compiling()
+    padded = padding_mask is not None and (compiling or not bool(padding_mask.all()))
     if padded:
         keep = conj(keep, padding_mask[:, None, None, :])  # [B,1,1,S]
     bias = None
@@ -119,14 +170,14 @@ def resolve_masks(
         if m.is_floating_point():
             visible = ~torch.isneginf(m)  # -inf entries are invisible keys, the rest is a finite bias
             bias = m.masked_fill(~visible, 0.0)
-            if not bool(visible.all()):
+            if compiling or not bool(visible.all()):
                 keep = conj(keep, visible)
         else:
             keep = conj(keep, m.bool())
     dead = None
     if keep is not None and not only_causal:
         dead_rows = ~keep.any(dim=-1, keepdim=True)  # [.,.,T,1]
-        dead = dead_rows if bool(dead_rows.any()) else None
+        dead = dead_rows if compiling or bool(dead_rows.any()) else None
     return Masks(keep, bias, dead, padding_mask, causal, only_causal)
 
 
@@ -134,7 +185,9 @@ class AttentionBase(nn.Module, abc.ABC):
     """Base of every registered attention: ``y = attn(x, padding_mask=None, attn_mask=None)``, x,y [B,T,D].
 
     Subclasses implement ``_attend(x, masks, stack_context)``, ``analytic_params()`` and
-    ``analytic_flops(batch, seq_len)`` and set the capability flags below.
+    ``analytic_flops(batch, seq_len)`` and set the capability flags below. Optional hooks, with neutral defaults
+    here (docs/design.md, "Hooks"): ``extra_keep``, ``get_M_matrices``, ``fvcore_handles`` and the stack-sharing
+    protocol ``build_stack_shared`` / ``stack_context`` with the ``stack: StackShare`` constructor argument.
     """
 
     # capability flags, read by the registry (see registry.CAPABILITY_FLAGS)
@@ -273,6 +326,51 @@ class AttentionBase(nn.Module, abc.ABC):
     # ---- hooks ------------------------------------------------------------------------------------------
     def extra_keep(self, seq_len: int, device: torch.device) -> Tensor | None:
         """A variant's own visibility mask broadcastable to [B,H,T,S] (MMA head groups), or None."""
+        return None
+
+    def get_M_matrices(self) -> list[tuple[str, Tensor]]:
+        """[(name, D×D metric)] for variants with ``has_metric``, for plots; none by default."""
+        return []
+
+    @classmethod
+    def bool_options(cls) -> set[str]:
+        """Names of the options typed ``bool`` (from the constructor's annotations), which option parsers read
+        as true/false/yes/no/1/0. A variant that takes options through ``**kwargs`` adds its own."""
+        return {name for name, _ in bool_params(getattr(cls.__init__, "__wrapped__", cls.__init__))}
+
+    @classmethod
+    def fvcore_handles(cls) -> dict[str, Callable[[list, list], int]]:
+        """fvcore op handles for ops this variant emits that fvcore cannot count: ``{op name: handle(inputs,
+        outputs) -> MACs}``, e.g. ``"prim::PythonOp.<Function class>"`` for a custom autograd Function (opaque to
+        the tracer). ``measure.flops`` collects them from every registered variant. ``value_shape`` reads a
+        traced value's shape. None by default."""
+        return {}
+
+    # ---- stack sharing (docs/design.md, "Stack sharing"); used when the class sets ``stack_shared = True`` ------
+    # The protocol, as a backbone runs it (models/stack.py; adapters do the same):
+    #   shared = cls.build_stack_shared(n_layers=N, d_model=D, n_heads=H, causal=c, dropout=p, **options)
+    #   layer_i = cls(D, H, c, p, stack=StackShare(shared, i, N), **options)      # for i in range(N)
+    #   per forward: ctx = cls.stack_context(shared, x0, padding_mask) if shared is not None else None,
+    #                then layer_i(x_i, padding_mask, attn_mask, stack_context=ctx)
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           **options) -> nn.Module | None:
+        """The module one stack of ``n_layers`` layers of this variant shares (DAMCHA: its metric generator), built
+        from the same keyword ``options`` as the layers; None when these options share nothing.
+
+        A backbone calls it once, at construction and only when it shares across layers, registers the result
+        (so ``.to()``, optimizers and ``state_dict`` see it once) and hands it to every layer inside its
+        ``stack`` argument. The layers read what they need from it (its configuration included) instead of
+        parsing their own copy. None by default.
+        """
+        return None
+
+    @classmethod
+    def stack_context(cls, shared: nn.Module, x: Tensor, padding_mask: Tensor | None) -> Any:
+        """Once per forward, on the stack input x [B,T,D] (after the positional encoding) with a validated bool
+        ``padding_mask``: whatever every layer of the stack receives as ``stack_context`` (DAMCHA: the generator's
+        context, hidden activations and, where stored, metrics). None (the default) means each layer works from
+        its own input."""
         return None
 
     @abc.abstractmethod

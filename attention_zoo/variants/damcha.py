@@ -8,13 +8,14 @@ product of q_i = X_i m_i with k_i = X_i, the core runs on F.scaled_dot_product_a
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int
+from .base import AttentionBase, Masks, StackShare
 from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, head_queries
 
 
@@ -23,11 +24,17 @@ class MBasedAttention(AttentionBase):
     """DAMCHA attention layer (the authors' ``MBasedAttention``) with their option names.
 
     Options: ``use_M`` (False: standard Q/K/V attention), ``use_mlp`` (False: a learnable static D×D M0 per layer,
-    identity init), ``share_mlp`` (stack-level; read by the backbone), generator options of ``MetricConfig``
-    (``hidden_dims`` — alias ``mlp_hidden`` —, ``off_diag_mode``, ``diag_scale``, ``off_diag_scale``,
-    ``compact_rank``, ``use_layer_bias``, ``layer_bias_rank``, ``free_M``, ``fused_rowsum``, ``gen_dropout``,
-    ``off_diag_alpha_init``, ``kl_weight``, ``query_chunk``), ``use_multihead_M`` (accepted for compatibility:
-    the per-head RowSum is always used). ``shared``/``layer_idx``/``n_layers`` are set by the backbone.
+    identity init), ``share_mlp`` (DAMCHA's name for the backbone's ``share_across_layers``: one generator for
+    the stack, or one per layer; read by ``build_stack_shared``, so a layer on its own is unaffected), generator
+    options of ``MetricConfig`` (``hidden_dims`` — alias ``mlp_hidden`` —, ``off_diag_mode``, ``diag_scale``,
+    ``off_diag_scale``, ``compact_rank``, ``use_layer_bias``, ``layer_bias_rank``, ``free_M``, ``fused_rowsum``,
+    ``gen_dropout``, ``off_diag_alpha_init``, ``kl_weight``, ``query_chunk``, ``metric_cache``,
+    ``collapsed_generator``), and ``use_multihead_M``, accepted for compatibility with the authors' command line
+    and without effect: the per-head RowSum is always used (docs/variants.md §7.5).
+
+    ``stack`` (a ``StackShare``) is set by the backbone: the shared generator (or None: this layer builds its own),
+    this layer's ``layer_idx`` (its layer bias) and ``n_layers``. With a shared generator the layer reads the
+    generator's configuration; the stack built it from the same options.
 
     The generator's hidden layers use the layer's ``dropout`` unless ``gen_dropout`` is given, as in the authors'
     code. Block scales (``diag_scale``/``off_diag_scale``, ``set_block_scales``) act on generated metrics only:
@@ -35,7 +42,8 @@ class MBasedAttention(AttentionBase):
 
     Raises:
         ValueError: an illegal option value (the message names it), ``hidden_dims`` and ``mlp_hidden`` both given,
-            or block scales with ``use_mlp=False``.
+            block scales with ``use_mlp=False``, or a ``stack`` that is not a ``StackShare`` or shares something
+            other than a metric generator (or one this layer cannot use: ``use_M``/``use_mlp`` False).
     """
 
     fused_kernel = True
@@ -48,26 +56,28 @@ class MBasedAttention(AttentionBase):
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
                  flavor: str = "paper", use_M: bool = True, use_mlp: bool = True, share_mlp: bool = True,
                  mlp_hidden: tuple[int, ...] | None = None, use_multihead_M: bool = True,
-                 shared: StructuredMLPForM | None = None, layer_idx: int = 0, n_layers: int = 1,
-                 max_seq_len: int | None = None, **metric_options):
+                 stack: StackShare | None = None, max_seq_len: int | None = None, **metric_options):
+        # The bool options (share_mlp and use_multihead_M included) are checked by AttentionBase.__init_subclass__.
         super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
-        for name, v in (("use_M", use_M), ("use_mlp", use_mlp), ("share_mlp", share_mlp),
-                        ("use_multihead_M", use_multihead_M)):
-            if not isinstance(v, bool):
-                raise ValueError(f"{name}: expected a bool, got {v!r}")
-        check_positive_int("n_layers", n_layers)
-        check_positive_int("layer_idx", layer_idx, allow_zero=True)
-        if layer_idx >= n_layers:
-            raise ValueError(f"layer_idx: expected < n_layers={n_layers}, got {layer_idx}")
-        self.cfg = metric_config(mlp_hidden, metric_options)
+        stack = StackShare.check(stack)
+        shared = stack.shared
         if shared is not None and not isinstance(shared, StructuredMLPForM):
-            raise ValueError(f"shared: expected a StructuredMLPForM (set by the backbone) or None, got {shared!r}")
-        if use_M and not use_mlp and (self.cfg.diag_scale, self.cfg.off_diag_scale) != (1.0, 1.0):
-            name = "diag_scale" if self.cfg.diag_scale != 1.0 else "off_diag_scale"
+            raise ValueError(f"stack: shared: expected the StructuredMLPForM of build_stack_shared, got "
+                             f"{type(shared).__name__}")
+        if shared is not None and not (use_M and use_mlp):
+            raise ValueError("stack: a shared metric generator needs use_M=True and use_mlp=True")
+        if shared is not None:
+            check_metric_names(mlp_hidden, metric_options)
+            cfg = shared.cfg  # built by build_stack_shared from these same options
+        else:
+            cfg = metric_config(mlp_hidden, metric_options)
+        if use_M and not use_mlp and (cfg.diag_scale, cfg.off_diag_scale) != (1.0, 1.0):
+            name = "diag_scale" if cfg.diag_scale != 1.0 else "off_diag_scale"
             raise ValueError(f"{name}: block scales act on generated metrics; the static M0 (use_mlp=False) "
                              "takes none, as in the authors' code")
-        self.use_M, self.use_mlp, self.share_mlp = use_M, use_mlp, share_mlp
-        self.layer_idx, self.n_layers = layer_idx, n_layers
+        self.cfg = cfg
+        self.use_M, self.use_mlp = use_M, use_mlp
+        self.layer_idx, self.n_layers = stack.layer_idx, stack.n_layers
         D = d_model
         self.v_proj = nn.Linear(D, D)
         self.out_proj = nn.Linear(D, D)
@@ -80,18 +90,35 @@ class MBasedAttention(AttentionBase):
             # Referenced, not registered: the stack owns it, so it is counted and saved once.
             object.__setattr__(self, "_shared", shared)
         else:
-            self.generator = StructuredMLPForM(D, n_heads, causal, n_layers, self.cfg, dropout=dropout)
+            self.generator = StructuredMLPForM(D, n_heads, causal, self.n_layers, cfg, dropout=dropout)
         self._last_summary: Tensor | None = None
 
+    # ---- stack sharing (AttentionBase's protocol) ------------------------------------------------------------
     @classmethod
-    def build_stack_shared(cls, *, n_layers: int, share: bool, d_model: int, n_heads: int, causal: bool,
-                           dropout: float = 0.0, **options) -> StructuredMLPForM | None:
-        """One generator for the whole stack (``share_mlp=True``), or None when layers own theirs / have none."""
-        if not share or not options.get("use_M", True) or not options.get("use_mlp", True):
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           **options) -> StructuredMLPForM | None:
+        """One metric generator for the whole stack, or None when the options share none: ``share_mlp=False``
+        (one generator per layer), ``use_M=False`` (no metric) or ``use_mlp=False`` (static M0 per layer)."""
+        if not all(options.get(k, True) for k in ("share_mlp", "use_M", "use_mlp")):
             return None
         metric_options = {k: v for k, v in options.items() if k in MetricConfig.names()}
         cfg = metric_config(options.get("mlp_hidden"), metric_options)
         return StructuredMLPForM(d_model, n_heads, causal, n_layers, cfg, dropout=dropout)
+
+    @classmethod
+    def stack_context(cls, shared: StructuredMLPForM, x: Tensor, padding_mask: Tensor | None
+                      ) -> MetricContext | None:
+        """The shared generator's once-per-stack call (None when each layer runs it: ``runs_per_layer``)."""
+        return shared.stack_context(x, padding_mask)
+
+    @classmethod
+    def bool_options(cls) -> set[str]:
+        """The constructor's bool options and those of the generator config, which arrive through ``**kwargs``."""
+        return super().bool_options() | {f.name for f in MetricConfig.__dataclass_fields__.values() if f.type == "bool"}
+
+    @classmethod
+    def fvcore_handles(cls) -> dict:
+        return StructuredMLPForM.fvcore_handles()
 
     @property
     def metric_generator(self) -> StructuredMLPForM | None:
@@ -141,7 +168,7 @@ class MBasedAttention(AttentionBase):
     def _calls_generator(self) -> bool:
         """Whether this layer runs the generator's context + hidden layers itself."""
         gen = self.metric_generator
-        return gen is not None and (self.generator is not None or gen.cfg.use_layer_bias)
+        return gen is not None and (self.generator is not None or gen.runs_per_layer)
 
     def analytic_params(self) -> int:
         D = self.d_model
@@ -172,8 +199,12 @@ class MBasedAttention(AttentionBase):
         return f"{super().extra_repr()}, metric={kind}, layer_idx={self.layer_idx}"
 
 
-def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
-    """MetricConfig from the layer's keyword options; ``mlp_hidden`` is the authors' alias of ``hidden_dims``."""
+def check_metric_names(mlp_hidden, metric_options: dict) -> dict:
+    """The generator options with ``mlp_hidden`` (the authors' alias of ``hidden_dims``) resolved.
+
+    Raises:
+        ValueError: ``mlp_hidden`` not a sequence or contradicting ``hidden_dims``, or an unknown option name.
+    """
     metric_options = dict(metric_options)
     if mlp_hidden is not None:
         if not isinstance(mlp_hidden, (list, tuple)):
@@ -184,7 +215,12 @@ def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
     unknown = sorted(set(metric_options) - set(MetricConfig.names()))
     if unknown:
         raise ValueError(f"options: damcha does not accept {', '.join(unknown)}")
-    return MetricConfig(**metric_options)
+    return metric_options
+
+
+def metric_config(mlp_hidden, metric_options: dict) -> MetricConfig:
+    """MetricConfig from the layer's keyword options (see ``check_metric_names``)."""
+    return MetricConfig(**check_metric_names(mlp_hidden, metric_options))
 
 
 def set_block_scales(model: nn.Module, diag_scale: float, off_diag_scale: float) -> None:
@@ -205,3 +241,70 @@ def set_block_scales(model: nn.Module, diag_scale: float, off_diag_scale: float)
             found = True
     if not found:
         raise ValueError("model: no metric generator to scale (baselines and the static M0 take no block scales)")
+
+
+# ---- inspection for the experiments (App. F–H, the RowSum analysis) ---------------------------------------------
+def metric_generators(model: nn.Module) -> list[tuple[str, StructuredMLPForM]]:
+    """[(module name, generator)] of every metric generator in ``model``, each once (a shared one under the stack's
+    name, e.g. ``stack.shared``; unshared ones under their layers' names)."""
+    return [(n or "generator", m) for n, m in model.named_modules() if isinstance(m, StructuredMLPForM)]
+
+
+def metric_generator(model: nn.Module) -> StructuredMLPForM:
+    """The one metric generator of ``model`` (a shared stack's, or a single layer's).
+
+    Raises:
+        ValueError: ``model`` has no generator or several (one per layer: use ``metric_generators``).
+    """
+    gens = metric_generators(model)
+    if len(gens) != 1:
+        raise ValueError(f"model: expected exactly one metric generator, found {len(gens)}"
+                         + (f" ({', '.join(n for n, _ in gens)})" if gens else ""))
+    return gens[0][1]
+
+
+@contextlib.contextmanager
+def explicit_rowsum(model: nn.Module):
+    """Within the block, every generator of ``model`` runs the explicit D×D path without chunk checkpointing
+    (``StructuredMLPForM.inspectable``): same values and gradients, and the metric M stays in the autograd graph."""
+    with contextlib.ExitStack() as stack:
+        for _, gen in metric_generators(model):
+            stack.enter_context(gen.inspectable())
+        yield
+
+
+def block_gradient_norms(model: nn.Module, loss_fn) -> dict[str, Tensor]:
+    """{generator name: [H, H] grid of ‖∂L/∂M_ij‖_F} for one evaluation of ``loss_fn(model) -> scalar`` (App. G).
+
+    Taken on the explicit path, where the generator's D² outputs are the metric M before RowSum, so their
+    gradient cut into d_h×d_h blocks is ∂L/∂M_ij. Summed over the batch (and positions for causal prefix metrics).
+
+    Raises:
+        ValueError: a generator whose output is not M (compact rank, a non-mlp mode, collapsed).
+    """
+    outputs: dict[str, list[Tensor]] = {}
+    hooks = []
+    gens = dict(metric_generators(model))
+    for name, gen in gens.items():
+        if not gen.outputs_metric:
+            raise ValueError(f"model: generator {name} does not output M directly (mlp mode, full D² output needed)")
+
+        def keep(_mod, _inp, out, name=name):
+            out.retain_grad()
+            outputs.setdefault(name, []).append(out)
+
+        hooks.append(gen.out.register_forward_hook(keep))
+    try:
+        with explicit_rowsum(model):
+            model.zero_grad(set_to_none=True)
+            loss_fn(model).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    grids = {}
+    for name, outs in outputs.items():
+        H, dh = gens[name].n_heads, gens[name].head_dim
+        # A causal shared generator applies its last layer once per layer to the same M: gradients add up first.
+        grad = sum(o.grad for o in outs).unflatten(-1, (H, dh, H, dh)).flatten(0, -5)  # (N, H, dh, H, dh)
+        grids[name] = grad.square().sum((0, 2, 4)).sqrt()  # (H, H)
+    return grids

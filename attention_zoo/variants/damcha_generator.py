@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from .base import check_choice, check_fraction, check_positive_int
+from .base import check_choice, check_fraction, check_positive_int, value_shape
 
 OFF_DIAG_MODES = ("mlp", "linear_comb", "bayesian", "separate_B")
 _CHUNK_BUDGET = 1 << 22  # metric elements held at once by the causal path (16 MiB in fp32)
@@ -165,7 +165,9 @@ class StructuredMLPForM(nn.Module):
             std = 0.1 * (1.0 + 0.2 * torch.arange(n_layers, dtype=torch.float32))[:, None]
             self.bias_s = nn.Parameter(torch.randn(n_layers, r) * std)  # s_l ~ N(0, (0.1·(1+0.2·l))²)
         self.aux_loss: Tensor | None = None
-        self.checkpoint_chunks = True  # False keeps per-chunk metrics in the graph (for inspecting ∂L/∂M)
+        # The causal path's chunks run under activation checkpointing; False keeps the per-chunk metrics in the
+        # autograd graph (for inspecting ∂L/∂M; see ``inspectable``). Same values and gradients either way.
+        self.checkpoint_chunks = True
 
     # ---- structure ----------------------------------------------------------------------------------------
     @property
@@ -204,6 +206,54 @@ class StructuredMLPForM(nn.Module):
 
     def _unit_scales(self) -> bool:
         return self.block_scales == (1.0, 1.0)
+
+    @property
+    def runs_per_layer(self) -> bool:
+        """The one statement of the rule (docs/variants.md §7.3): with a layer bias each layer runs the generator on
+        its own input with its ``layer_idx``, so a shared stack computes nothing ahead. Read by ``stack_context``,
+        ``stores_metrics``, the FLOP counts and the layers."""
+        return self.cfg.use_layer_bias
+
+    # ---- inspection -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def inspectable(self):
+        """Within the block, run the explicit D×D path (``fused_rowsum=False``) without chunk checkpointing, so the
+        final layer's D² outputs, i.e. the metric M before RowSum, are in the autograd graph. Same values and
+        gradients (docs/variants.md §7.4); the configuration is restored on exit."""
+        saved = self.cfg, self.checkpoint_chunks
+        try:
+            self.cfg, self.checkpoint_chunks = replace(self.cfg, fused_rowsum=False), False
+            yield self
+        finally:
+            self.cfg, self.checkpoint_chunks = saved
+
+    @property
+    def outputs_metric(self) -> bool:
+        """Whether the final layer's D² outputs are the metric M itself (mlp mode, no compact rank, not collapsed)."""
+        return self.metric_mode == "mlp" and not self.cfg.compact_rank and not self.collapsed
+
+    def final_layer_grad_blocks(self) -> Tensor:
+        """The gradient of the final layer's weight, as blocks [H(i), dh(a), H(j), dh(c), w] of its D² outputs
+        (in every ``off_diag_mode``; only in ``mlp`` mode are those outputs the metric itself).
+
+        Raises:
+            ValueError: a final layer without D² outputs (compact rank, collapsed) or no gradient yet.
+        """
+        if self.cfg.compact_rank or self.collapsed:
+            raise ValueError("generator: its final layer has no D² outputs (compact rank or collapsed)")
+        if self.out.weight.grad is None:
+            raise ValueError("generator: no gradient yet; run backward first")
+        H, dh = self.n_heads, self.head_dim
+        return self.out.weight.grad.unflatten(0, (H, dh, H, dh))
+
+    @staticmethod
+    def fvcore_handles() -> dict:
+        """fvcore handle of the RowSum-folded final layer (a custom autograd Function, opaque to the tracer): a
+        Linear on the folded weight, z [n, w] -> [n, H·dh·dh]; the fold's additions count 0, as elsewhere."""
+        def rowsum_linear(inputs, outputs):
+            return math.prod(value_shape(outputs[0])) * value_shape(inputs[0])[-1]
+
+        return {f"prim::PythonOp.{_RowSumLinear.__name__}": rowsum_linear}
 
     # ---- the generator call ---------------------------------------------------------------------------------
     def prepare(self, x: Tensor, padding_mask: Tensor | None, layer_idx: int | None = None,
@@ -254,8 +304,8 @@ class StructuredMLPForM(nn.Module):
         return self.head_metrics(x, causal, padding_mask, layer_idx)
 
     def stack_context(self, x: Tensor, padding_mask: Tensor | None) -> MetricContext | None:
-        """The once-per-stack call. With a layer bias each layer calls the generator on its own input."""
-        if self.cfg.use_layer_bias:
+        """The once-per-stack call (None when ``runs_per_layer``: each layer then calls the generator itself)."""
+        if self.runs_per_layer:
             return None
         ctx = self.prepare(x, padding_mask)
         if self.stores_metrics:
@@ -265,7 +315,7 @@ class StructuredMLPForM(nn.Module):
     @property
     def stores_metrics(self) -> bool:
         """Whether the stack call precomputes the causal per-position metrics (``metric_cache="store"``)."""
-        return self.causal and self.cfg.metric_cache == "store" and not self.cfg.use_layer_bias
+        return self.causal and self.cfg.metric_cache == "store" and not self.runs_per_layer
 
     def sample_alpha(self) -> Tensor | None:
         mode = self.cfg.off_diag_mode
@@ -431,7 +481,7 @@ class StructuredMLPForM(nn.Module):
 
     def analytic_flops(self, batch: int, seq_len: int) -> int:
         """The once-per-stack call: trunk, plus the final layer when the metrics are precomputed (non-causal)."""
-        if self.cfg.use_layer_bias:
+        if self.runs_per_layer:
             return 0  # each layer calls the generator itself; the layers count it
         head = self.head_flops(batch, seq_len) if not self.causal or self.stores_metrics else 0
         return self.trunk_flops(batch, seq_len) + head

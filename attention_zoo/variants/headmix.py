@@ -77,12 +77,21 @@ def _unpack(stage: MixStage | None, tensors):
     return static, qw, kw
 
 
+def _matmul_into(dst: Tensor, a: Tensor, b: Tensor) -> None:
+    """``dst = a @ b`` without a temporary in eager mode; torch.compile cannot write into a strided ``out=`` view
+    (a graph break), so it gets the copy."""
+    if torch.compiler.is_compiling():
+        dst.copy_(torch.matmul(a, b))
+    else:
+        torch.matmul(a, b, out=dst)
+
+
 def _proj_query(a: Tensor, w: Tensor) -> Tensor:
     """low[b,t,r,s] = Σ_h w[b,t,r,h] a[b,h,t,s]; a [B,H,c,S], w [B,c,R,H] -> [B,c,R,S] (a GEMM per batch row)."""
     B, _, c, S = a.shape
     out = a.new_empty(B, c, w.shape[2], S)
     for b in range(B):  # a[b] viewed [c, H, S] is a strided batch BLAS takes as is: no copy of a
-        torch.matmul(w[b], a[b].transpose(0, 1), out=out[b])
+        _matmul_into(out[b], w[b], a[b].transpose(0, 1))
     return out
 
 
@@ -103,7 +112,10 @@ def _proj_key(a: Tensor, w: Tensor) -> Tensor:
     out = a.new_empty(a.shape[0], R, a.shape[2], a.shape[3])
     for r in range(R):
         acc = out[:, r]  # (B, c, S)
-        torch.mul(a[:, 0], wt[:, r, 0, None, :], out=acc)
+        if torch.compiler.is_compiling():  # no strided out= under torch.compile (see _matmul_into)
+            acc.copy_(a[:, 0] * wt[:, r, 0, None, :])
+        else:
+            torch.mul(a[:, 0], wt[:, r, 0, None, :], out=acc)
         for h in range(1, H):
             acc.addcmul_(a[:, h], wt[:, r, h, None, :])
     return out
@@ -163,8 +175,8 @@ def _compose_backward(a: Tensor, g: Tensor, stage: MixStage, static, qw, kw, row
     if qw is not None:
         gw1, gw2, gdd = grads[i : i + 3]
         for b in range(a.shape[0]):  # Σ_s over the block's keys: [c, R, S'] @ [c, S', H]
-            torch.matmul(g_low_q[b], a[b].permute(1, 2, 0), out=gw1[b, rows])
-            torch.matmul(low_q[b], g[b].permute(1, 2, 0), out=gw2[b, rows])
+            _matmul_into(gw1[b, rows], g_low_q[b], a[b].permute(1, 2, 0))
+            _matmul_into(gw2[b, rows], low_q[b], g[b].permute(1, 2, 0))
         gdd[:, rows] = ga.sum(-1).transpose(1, 2)  # (B, c, H)
         i += 3
     if kw is not None:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int
+from .base import AttentionBase, Masks, check_positive_int, value_shape
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -76,8 +76,11 @@ _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _grouped_kernel_ok(a: Tensor, widths: tuple[int, ...]) -> bool:
+    # torch.compile traces grouped_mm through a meta kernel that accepts bf16 only, so a compiled graph takes the
+    # per-expert loop (whose group sizes are data-dependent: the one graph break routing needs).
     return (
         hasattr(F, "grouped_mm")
+        and not torch.compiler.is_compiling()
         and a.device.type == "cpu"
         and a.dtype in _GROUPED_DTYPES
         and all(n * a.element_size() % 16 == 0 for n in widths)
@@ -144,6 +147,16 @@ class MixtureOfAttentionHeads(AttentionBase):
     data_dependent_compute = True
     has_aux_loss = True
     flavors = ("paper", "damcha_repo")
+
+    @classmethod
+    def fvcore_handles(cls) -> dict:
+        """The grouped expert GEMM traces as an opaque PythonOp: (input rows, weights [E, n_in, n_out], pair
+        positions, ...) -> every (token, slot) pair runs one n_in×n_out GEMV."""
+        def grouped_expert_matmul(inputs, outputs):
+            w = value_shape(inputs[1])
+            return math.prod(value_shape(inputs[2])) * w[-2] * w[-1]
+
+        return {f"prim::PythonOp.{_ExpertLinear.__name__}": grouped_expert_matmul}
 
     def __init__(
         self,

@@ -1,0 +1,585 @@
+"""Drop-in: put any registered attention into a model you already have (``zoo.swap_attention``).
+
+Supported hosts (each self-attention module is replaced by a thin adapter that speaks the host's calling
+convention and owns one of our attention modules as ``.attn``):
+
+- timm ``VisionTransformer`` (timm 1.0.x): every ``timm.layers.Attention`` (``forward(x, attn_mask, is_causal)``);
+  non-causal. The host's ``proj_drop`` is kept.
+- Hugging Face ``GPT2LMHeadModel`` / ``GPT2Model`` (transformers 5.x): every self-attention ``GPT2Attention``;
+  causal, with the padding of ``attention_mask``. ``use_cache`` works: the cache holds each layer's attention
+  *input* and the layer recomputes over the prefix, which is exact for every variant because they are causal
+  (``DynamicCache`` only). The host's ``resid_dropout`` is kept.
+- ``torch.nn.MultiheadAttention`` (bare, or inside ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder``):
+  ``batch_first`` both ways, unbatched inputs, ``key_padding_mask``, ``attn_mask`` (bool: True = masked, or
+  float) and ``is_causal``. The module returns ``(output, None)``: attention weights are not returned.
+
+Mask conventions are converted to ours (``padding_mask`` True = real token, ``attn_mask`` True = visible or
+float). Padded positions follow our contract: they are neither keys nor part of any context, and the
+attention output at a padded query is zero (the hosts compute something there); real positions are unchanged.
+
+Causality is fixed when the module is built (our variants compute differently when causal, e.g. DAMCHA's prefix
+means), so each adapter checks every call: a causal call (``is_causal`` or a mask hiding every future key) to a
+non-causal attention, or the reverse, raises a ValueError naming the module path and the ``causal=`` to pass.
+
+With ``copy_weights=True`` (default) the host's q/k/v and output projections (and biases; a missing host bias is
+copied as zero) are copied into any new attention that has the MHA projection layout (a ``qkv`` Linear D→3D and
+an ``out_proj`` Linear D→D): with ``name="mha"`` the swapped model reproduces the original's outputs. Variants with
+other parameters keep their own initialisation for those.
+
+Stack-shared variants (spec flag ``stack_shared``) get one shared module for all swapped layers, built with the
+attention class's ``build_stack_shared`` hook exactly as ``models.AttentionStack`` does. It is registered once, on
+the model, as ``attention_zoo_shared`` (a ``SharedStackContext``), which computes the stack context once per
+forward with the class's ``stack_context(shared, x, padding_mask)`` hook on the input of the first swapped layer's
+block (a forward pre-hook on that block; the hosts' blocks are pre-LN, so this is the residual stream, as in
+``AttentionStack``) and hands it to every layer; each layer gets ``stack=StackShare(shared, i, n_layers)``. Where
+no known block encloses the first layer (a bare ``nn.MultiheadAttention``), that layer computes the context on
+its own input. Whether anything is shared is the variant's own option (DAMCHA: ``share_mlp``, default True).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import Tensor, nn
+
+from .registry import create_attention, get_attention_spec
+from .variants.base import StackShare
+
+__all__ = ["swap_attention", "SharedStackContext"]
+
+_SHARED_NAME = "attention_zoo_shared"
+
+
+# ---- host detection ----------------------------------------------------------------------------------------
+def _timm_attention_cls():
+    mod = sys.modules.get("timm.layers.attention")
+    return getattr(mod, "Attention", None)
+
+
+def _gpt2_module():
+    return sys.modules.get("transformers.models.gpt2.modeling_gpt2")
+
+
+def _host_kind(module: nn.Module) -> str | None:
+    if isinstance(module, nn.MultiheadAttention):
+        return "torch"
+    timm_cls = _timm_attention_cls()
+    if timm_cls is not None and type(module) is timm_cls:
+        return "timm"
+    gpt2 = _gpt2_module()
+    if gpt2 is not None and isinstance(module, gpt2.GPT2Attention):
+        return "gpt2"
+    return None
+
+
+def _fail(path: str, msg: str) -> ValueError:
+    return ValueError(f"{path}: {msg}")
+
+
+# ---- mask helpers ------------------------------------------------------------------------------------------
+def _hides_future(keep: Tensor) -> bool:
+    """Whether a bool visibility mask [..., T, S] (T == S) hides every future key."""
+    T, S = keep.shape[-2:]
+    if T != S:
+        return False
+    future = torch.ones(T, S, dtype=torch.bool, device=keep.device).triu(1)
+    return not bool((keep & future).any())
+
+
+def _is_causal_only(keep: Tensor) -> bool:
+    T, S = keep.shape[-2:]
+    return T == S and bool((keep == torch.ones(T, S, dtype=torch.bool, device=keep.device).tril()).all())
+
+
+def _pure_causal(mask: Tensor) -> bool:
+    """A mask (our convention) that expresses causality and nothing else (no bias, no other hidden key)."""
+    if mask.dtype != torch.bool and bool((mask.isfinite() & (mask != 0)).any()):
+        return False
+    return _is_causal_only(_visible(mask))
+
+
+def _visible(mask: Tensor) -> Tensor:
+    """Our visibility of a mask in our convention (bool True = visible, or float added, -inf = hidden)."""
+    return mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+
+
+# ---- the adapters ------------------------------------------------------------------------------------------
+class _Swapped(nn.Module):
+    """Base of the host adapters: owns ``attn`` (our module), knows its path and its place in a shared stack."""
+
+    def __init__(self, attn: nn.Module, path: str):
+        super().__init__()
+        self.attn, self.path = attn, path
+        self.layer_idx = 0
+        object.__setattr__(self, "_stack", None)  # SharedStackContext, referenced (registered on the model)
+
+    @property
+    def causal(self) -> bool:
+        return self.attn.causal
+
+    def _check_causality(self, causal_call: bool) -> None:
+        if causal_call and not self.causal:
+            raise _fail(self.path, "called causally (is_causal or a mask hiding every future key) but the swapped "
+                                   "attention was built non-causal; pass causal=True to swap_attention")
+        if not causal_call and self.causal:
+            raise _fail(self.path, "called without a causal mask but the swapped attention was built causal; pass "
+                                   "causal=False to swap_attention (or call the host with is_causal=True)")
+
+    def _attend(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor:
+        stack = self._stack
+        if stack is None:
+            return self.attn(x, padding_mask, attn_mask)
+        ctx = stack.context_for(self, x, padding_mask)
+        return self.attn(x, padding_mask, attn_mask, stack_context=ctx)
+
+    # overridden per host: the (x [B,T,D], padding_mask) of the enclosing block's call, or None if unknown
+    def block_input(self, args: tuple, kwargs: dict):
+        return None
+
+    def extra_repr(self) -> str:
+        return f"path={self.path!r}"
+
+
+class TimmAttentionAdapter(_Swapped):
+    """Stands in for ``timm.layers.Attention``: ``forward(x, attn_mask=None, is_causal=False) -> y``.
+
+    timm's ``attn_mask`` is already in our convention (bool True = attend, or float added)."""
+
+    def __init__(self, attn: nn.Module, path: str, proj_drop: nn.Module):
+        super().__init__(attn, path)
+        self.proj_drop = proj_drop
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        causal_call = bool(is_causal) or (attn_mask is not None and _hides_future(_visible(attn_mask)))
+        self._check_causality(causal_call)
+        if attn_mask is not None and causal_call and _pure_causal(attn_mask):
+            attn_mask = None  # causality itself is enforced by the causal attention
+        return self.proj_drop(self._attend(x, None, attn_mask))
+
+    def block_input(self, args, kwargs):
+        x = args[0] if args else kwargs.get("x")
+        return (x, None) if torch.is_tensor(x) and x.dim() == 3 else None
+
+
+class TorchMultiheadAttentionAdapter(_Swapped):
+    """Stands in for ``nn.MultiheadAttention`` in self-attention use: ``forward(query, key, value,
+    key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False)
+    -> (output, None)``.
+
+    Host conventions: ``key_padding_mask`` bool True = padded (or float, -inf = padded); ``attn_mask`` [T,S] or
+    [B·H,T,S], bool True = *not* allowed (or float added). Attributes read by ``nn.TransformerEncoderLayer`` are
+    provided; its fused fast path is declined (``_qkv_same_embed_dim=False``, ``in_proj_bias=None``).
+    """
+
+    _qkv_same_embed_dim = False  # nn.TransformerEncoder(Layer) fast paths check these and then stay off
+    in_proj_bias = None
+    in_proj_weight = None
+
+    def __init__(self, attn: nn.Module, path: str, batch_first: bool):
+        super().__init__(attn, path)
+        self.batch_first = batch_first
+        self.embed_dim, self.num_heads = attn.d_model, attn.n_heads
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
+                average_attn_weights: bool = True, is_causal: bool = False):
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise _fail(self.path, "cross-attention (key/value other than the query) is not supported; swapped "
+                                   "attentions are self-attention")
+        x, unbatched = query, query.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(0)
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:
+            x = x.transpose(0, 1)
+        B, T, _ = x.shape
+        padding, bias = self._padding(key_padding_mask, B, T)
+        mask = self._attn_mask(attn_mask, B, T)
+        causal_call = bool(is_causal) or (mask is not None and _hides_future(_visible(mask)))
+        self._check_causality(causal_call)
+        if mask is not None and causal_call and _pure_causal(mask):
+            mask = None  # causality itself is enforced by the causal attention
+        if bias is not None:  # a float key_padding_mask with finite non-zero entries: an additive key bias
+            bias = bias[:, None, None, :].expand(B, 1, T, T)
+            if mask is None:
+                mask = bias
+            else:
+                m = mask if mask.dim() == 4 else mask[None, None]
+                m = torch.zeros_like(bias).masked_fill(~m, float("-inf")) if m.dtype == torch.bool else m
+                mask = m + bias
+        y = self._attend(x, padding, mask)
+        if unbatched:
+            y = y.squeeze(0)
+        elif not self.batch_first:
+            y = y.transpose(0, 1)
+        return y, None
+
+    def _padding(self, kpm: Tensor | None, B: int, T: int):
+        if kpm is None:
+            return None, None
+        if tuple(kpm.shape) != (B, T):
+            raise _fail(self.path, f"key_padding_mask: expected shape [B, S] = {(B, T)}, got {tuple(kpm.shape)}")
+        if kpm.dtype == torch.bool:
+            return ~kpm, None
+        if kpm.is_floating_point():
+            padded = torch.isneginf(kpm)
+            rest = kpm.masked_fill(padded, 0.0)
+            return ~padded, (rest if bool((rest != 0).any()) else None)
+        return kpm == 0, None
+
+    def _attn_mask(self, mask: Tensor | None, B: int, T: int) -> Tensor | None:
+        if mask is None:
+            return None
+        if mask.dim() == 3:
+            if mask.shape[0] != B * self.num_heads:
+                raise _fail(self.path, f"attn_mask: expected [T, S] or [B*num_heads, T, S] = "
+                                       f"[{B * self.num_heads}, {T}, {T}], got {tuple(mask.shape)}")
+            mask = mask.reshape(B, self.num_heads, T, T)
+        if mask.dtype == torch.bool:
+            return ~mask  # torch: True = not allowed; ours: True = visible
+        if mask.is_floating_point():
+            return mask
+        return mask == 0
+
+    def block_input(self, args, kwargs):
+        src = args[0] if args else kwargs.get("src")
+        if not torch.is_tensor(src) or src.dim() != 3:
+            return None
+        kpm = args[2] if len(args) > 2 else kwargs.get("src_key_padding_mask")
+        x = src if self.batch_first else src.transpose(0, 1)
+        padding = None if kpm is None else self._padding(kpm, x.shape[0], x.shape[1])[0]
+        return x, padding
+
+
+class GPT2AttentionAdapter(_Swapped):
+    """Stands in for HF ``GPT2Attention`` (self-attention): ``forward(hidden_states, cache=None,
+    attention_mask=None, ...) -> (output, None)``.
+
+    The block hands a 4-D mask (bool True = attend, or float with large negatives) built from causality and the
+    2-D ``attention_mask``; it is read back into our ``padding_mask``. With a cache (``use_cache``), the layer's
+    attention inputs are stored in the ``DynamicCache`` (as keys; values are empty) and the attention runs over
+    the whole prefix, returning the new positions: exact for every variant, since they are causal.
+    """
+
+    def __init__(self, attn: nn.Module, path: str, resid_dropout: nn.Module, layer_idx: int | None):
+        super().__init__(attn, path)
+        self.resid_dropout = resid_dropout
+        self.cache_idx = layer_idx
+
+    def forward(self, hidden_states: Tensor, cache=None, attention_mask: Tensor | None = None,
+                encoder_hidden_states: Tensor | None = None, encoder_attention_mask: Tensor | None = None,
+                output_attentions: bool | None = False, **kwargs):
+        if encoder_hidden_states is not None:
+            raise _fail(self.path, "cross-attention (encoder_hidden_states) is not supported")
+        cache = kwargs.pop("past_key_values", cache)
+        x, q = hidden_states, hidden_states.shape[1]
+        if cache is not None:
+            x = self._extend(cache, x)
+        padding, mask = self._masks(attention_mask, x.shape[0], q, x.shape[1])
+        if self._stack is not None and x.shape[1] != q:
+            raise _fail(self.path, "use_cache: incremental decoding is not supported with a stack-shared attention "
+                                   "(its stack context covers the whole sequence); pass use_cache=False")
+        y = self._attend(x, padding, mask)[:, -q:]
+        return self.resid_dropout(y), None
+
+    def _extend(self, cache, x: Tensor) -> Tensor:
+        gpt2 = _gpt2_module()
+        cache_utils = sys.modules.get("transformers.cache_utils")
+        if gpt2 is not None and isinstance(cache, gpt2.EncoderDecoderCache):
+            cache = cache.self_attention_cache
+        if cache_utils is None or type(cache) is not cache_utils.DynamicCache:
+            raise _fail(self.path, f"use_cache: only a DynamicCache is supported after swap_attention, got "
+                                   f"{type(cache).__name__}; pass use_cache=False or the default cache")
+        if self.cache_idx is None:
+            raise _fail(self.path, "use_cache: the host attention has no layer_idx; pass use_cache=False")
+        keys, _ = cache.update(x[:, None], x.new_empty(x.shape[0], 1, x.shape[1], 0), self.cache_idx)
+        return keys[:, 0]
+
+    def _masks(self, mask: Tensor | None, B: int, q: int, S: int):
+        """(padding_mask [B,S] or None, attn_mask or None) from the host's 4-D mask [B,1,q,S]."""
+        if mask is None:
+            return None, None
+        if not torch.is_tensor(mask) or mask.dim() != 4 or mask.shape[-1] != S or mask.shape[-2] != q:
+            shape = tuple(mask.shape) if torch.is_tensor(mask) else type(mask).__name__
+            raise _fail(self.path, f"attention_mask: expected the block's 4-D mask [B, 1, {q}, {S}], got {shape} "
+                                   "(flex-attention block masks are not supported; use attn_implementation='sdpa')")
+        if mask.dtype == torch.bool:
+            keep = mask
+        else:
+            keep = mask > torch.finfo(mask.dtype).min / 2
+            if bool((mask.masked_fill(~keep, 0.0) != 0).any()):
+                raise _fail(self.path, "attention_mask: an additive bias beyond padding and causality cannot be "
+                                       "carried over")
+        keep = keep.expand(B, -1, -1, -1)
+        padding = keep.any(dim=(1, 2))  # key j is real iff some query sees it (the last one sees every real key)
+        rows = torch.arange(S - q, S, device=keep.device)
+        causal = torch.arange(S, device=keep.device)[None, :] <= rows[:, None]  # [q, S]
+        expected = causal[None, None] & padding[:, None, None, :]
+        real_rows = padding[:, None, S - q:, None]
+        if bool(((keep != expected) & real_rows).any()):
+            if q != S:
+                raise _fail(self.path, "attention_mask: a custom 4-D mask with a cache is not supported; pass "
+                                       "use_cache=False")
+            if not _hides_future(keep):
+                raise _fail(self.path, "attention_mask: the mask lets queries see future keys; GPT-2 is causal")
+            return padding, keep
+        return (None if bool(padding.all()) else padding), None
+
+    def block_input(self, args, kwargs):
+        x = args[0] if args else kwargs.get("hidden_states")
+        mask = args[2] if len(args) > 2 else kwargs.get("attention_mask")
+        if not torch.is_tensor(x) or x.dim() != 3:
+            return None
+        if mask is not None and (not torch.is_tensor(mask) or mask.shape[-1] != x.shape[1]):
+            return None  # decoding with a cache: refused by the layer itself
+        return x, self._masks(mask, x.shape[0], x.shape[1], x.shape[1])[0]
+
+
+# ---- stack sharing -----------------------------------------------------------------------------------------
+class SharedStackContext(nn.Module):
+    """Owns the module shared by the swapped layers (``build_stack_shared``) and computes its stack context
+    (``stack_context(x, padding_mask)``) once per forward, on the input of the first swapped layer's block."""
+
+    def __init__(self, attention_cls: type, shared: nn.Module, n_layers: int):
+        super().__init__()
+        self.shared, self.n_layers = shared, n_layers
+        self._attention_cls = attention_cls
+        self._ctx, self._ready, self._shape = None, False, None
+
+    def end(self) -> None:
+        self._ctx, self._ready = None, False  # no graph kept on the module between forwards
+
+    def begin(self, x: Tensor, padding_mask: Tensor | None) -> None:
+        self._ctx = self._attention_cls.stack_context(self.shared, x, padding_mask)
+        self._ready, self._shape = True, tuple(x.shape[:2])
+
+    def context_for(self, layer: _Swapped, x: Tensor, padding_mask: Tensor | None):
+        """The context of this forward. Without an enclosing block that announced it (a bare swapped module, or a
+        host whose blocks are not known), the first layer computes it on its own input; any layer does when the
+        stored one is for another batch shape."""
+        if (not self._ready or (layer.layer_idx == 0 and not self._hooked)
+                or self._shape != tuple(x.shape[:2])):
+            self.begin(x, padding_mask)
+        return self._ctx
+
+    _hooked = False
+
+
+def _install_stack_hooks(stack: SharedStackContext, first: tuple, last: tuple) -> None:
+    """Pre-hook on the block around the first swapped layer (compute the context), hook after the last (drop it)."""
+    (first_adapter, first_block), (_, last_block) = first, last
+    if first_block is None or last_block is None:
+        return
+
+    def pre(_mod, args, kwargs):
+        got = first_adapter.block_input(args, kwargs)
+        if got is None:
+            stack.end()
+        else:
+            x, padding = got
+            if padding is not None:
+                padding = first_adapter.attn.check_inputs(x, padding, None)[0]
+            stack.begin(x, padding)
+
+    def post(_mod, _args, _kwargs, _out):
+        stack.end()
+
+    first_block.register_forward_pre_hook(pre, with_kwargs=True)
+    last_block.register_forward_hook(post, with_kwargs=True)
+    stack._hooked = True
+
+
+# ---- building ----------------------------------------------------------------------------------------------
+def _host_layout(kind: str, host: nn.Module, path: str, parent: nn.Module | None, attr: str | None):
+    """(d_model, n_heads, dropout, default causal, projections or None, why the projections cannot be copied)."""
+    if kind == "torch":
+        if parent is not None and isinstance(parent, nn.TransformerDecoderLayer) and attr == "multihead_attn":
+            raise _fail(path, "cross-attention (TransformerDecoderLayer.multihead_attn) is not supported")
+        if not host._qkv_same_embed_dim:
+            raise _fail(path, f"kdim/vdim ({host.kdim}/{host.vdim}) differ from embed_dim={host.embed_dim}: a "
+                              "cross-attention layout, not supported")
+        D = host.embed_dim
+        why = None
+        if host.bias_k is not None or host.add_zero_attn:
+            why = "add_bias_kv/add_zero_attn (extra key/value slots) has no counterpart in our attention"
+        w = (host.in_proj_weight, host.in_proj_bias, host.out_proj.weight, host.out_proj.bias)
+        return D, host.num_heads, host.dropout, False, w, why
+    if kind == "timm":
+        D, H = host.qkv.in_features, host.num_heads
+        if host.proj.out_features != D:
+            raise _fail(path, f"dim_out={host.proj.out_features} differs from dim={D}; our attentions map D to D")
+        why = None
+        if host.attn_dim != D:
+            why = f"attn_head_dim={host.head_dim} gives an inner width {host.attn_dim} != dim={D}"
+        elif not isinstance(host.q_norm, nn.Identity) or not isinstance(host.k_norm, nn.Identity):
+            why = "qk_norm has no counterpart in our attention"
+        elif not isinstance(host.norm, nn.Identity) or host.gate is not None:
+            why = "scale_norm/gated attention has no counterpart in our attention"
+        w = (host.qkv.weight, host.qkv.bias, host.proj.weight, host.proj.bias)
+        return D, H, host.attn_drop.p, False, w, why
+    # gpt2
+    if host.is_cross_attention:
+        raise _fail(path, "cross-attention (GPT2Attention with is_cross_attention=True) is not supported")
+    D, H = host.embed_dim, host.num_heads
+    why = None
+    if abs(host.scaling - host.head_dim**-0.5) > 1e-12:
+        why = (f"the host scales logits by {host.scaling:g} (scale_attn_weights / scale_attn_by_inverse_layer_idx),"
+               f" ours by head_dim**-0.5")
+    # Conv1D stores weights as [in, out]: transpose to nn.Linear's [out, in].
+    w = (host.c_attn.weight.t(), host.c_attn.bias, host.c_proj.weight.t(), host.c_proj.bias)
+    return D, H, host.attn_dropout.p, True, w, why
+
+
+def _is_known_block(kind: str, parent: nn.Module | None, adapter: _Swapped) -> bool:
+    """Whether ``parent`` is a host block whose call the adapter's ``block_input`` can read."""
+    if parent is None:
+        return False
+    if kind == "torch":
+        return isinstance(parent, nn.TransformerEncoderLayer)
+    if kind == "gpt2":
+        return isinstance(parent, _gpt2_module().GPT2Block)
+    return getattr(parent, "attn", None) is adapter  # timm blocks: forward(x, attn_mask=None, is_causal=False)
+
+
+def _has_mha_layout(attn: nn.Module, D: int) -> bool:
+    qkv, out = getattr(attn, "qkv", None), getattr(attn, "out_proj", None)
+    return (isinstance(qkv, nn.Linear) and isinstance(out, nn.Linear) and tuple(qkv.weight.shape) == (3 * D, D)
+            and tuple(out.weight.shape) == (D, D))
+
+
+@torch.no_grad()
+def _copy_projections(attn: nn.Module, weights: tuple, path: str) -> None:
+    w_in, b_in, w_out, b_out = weights
+    for lin, w, b, what in ((attn.qkv, w_in, b_in, "q/k/v"), (attn.out_proj, w_out, b_out, "output")):
+        lin.weight.copy_(w)
+        if lin.bias is not None:
+            lin.bias.copy_(b) if b is not None else lin.bias.zero_()
+        elif b is not None and bool((b != 0).any()):
+            raise _fail(path, f"the host's {what} projection has a bias but the new attention was built without "
+                              "one (bias=False)")
+
+
+def _find_hosts(model: nn.Module, root: str):
+    found, unknown = [], []
+    inside = set()
+    for name, module in model.named_modules():
+        path = f"{root}.{name}" if name else root
+        if any(name.startswith(p + ".") for p in inside) or isinstance(module, _Swapped):
+            continue
+        kind = _host_kind(module)
+        if kind is not None:
+            parent, attr = None, None
+            if name:
+                parent_name, _, attr = name.rpartition(".")
+                parent = model.get_submodule(parent_name)
+            found.append((path, name, kind, module, parent, attr))
+            inside.add(name)
+        elif type(module).__name__.endswith("Attention") and not hasattr(module, "_attend"):
+            unknown.append((name, path, module))
+    for name, path, module in unknown:
+        holds_host = any(h_name.startswith(name + ".") or not name for _, h_name, *_ in found)
+        if not holds_host and not any(name.startswith(s + ".") for s in inside):
+            raise _fail(path, f"{type(module).__name__} is not a supported host attention (supported: timm "
+                              "Attention, HF GPT2Attention, torch.nn.MultiheadAttention)")
+    return found
+
+
+def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, copy_weights: bool = True,
+                   root_name: str = "model", **options) -> nn.Module:
+    """Replace every self-attention of ``model`` by the registered attention ``name`` (built with ``options``).
+
+    Args:
+        model: a timm ``VisionTransformer``, an HF GPT-2 model, an ``nn.TransformerEncoder(Layer)``, an
+            ``nn.MultiheadAttention``, or any module containing them.
+        name: a registered attention (``zoo.list_attentions()``).
+        causal: build causal attentions; default: the host's (GPT-2 causal, timm ViT and torch non-causal).
+            Every call is checked against it.
+        copy_weights: copy the host's q/k/v/out projections into attentions with the MHA projection layout.
+        root_name: the name used for ``model`` in error messages (``"model.blocks.3.attn: ..."``).
+        **options: the variant's options (``create_attention``); for a stack-shared variant they decide what
+            ``build_stack_shared`` shares (DAMCHA: ``share_mlp``, default True: one generator for all layers).
+
+    Returns:
+        ``model``, modified in place (or the adapter, when ``model`` is itself an ``nn.MultiheadAttention``).
+
+    Raises:
+        ValueError: unknown ``name`` or option; a model without a supported self-attention; an unsupported
+            layout (cross-attention, an unknown attention type, ``dim_out != dim``, head counts that do not divide
+            the width, ``causal=False`` on GPT-2); ``copy_weights`` with a host feature our projections cannot
+            express (qk-norm, add_bias_kv, a non-standard logit scale, ...). Messages start with the module path.
+    """
+    spec = get_attention_spec(name)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if causal is not None and not isinstance(causal, bool):
+        raise ValueError(f"causal: expected a bool or None, got {causal!r}")
+    if not isinstance(copy_weights, bool):
+        raise ValueError(f"copy_weights: expected a bool, got {copy_weights!r}")
+    hosts = _find_hosts(model, root_name)
+    if not hosts:
+        raise ValueError(f"{root_name}: no supported self-attention found (timm Attention, HF GPT2Attention, "
+                         f"torch.nn.MultiheadAttention)")
+    layouts = [_host_layout(kind, host, path, parent, attr) for path, _, kind, host, parent, attr in hosts]
+    for path, _, kind, *_ in hosts:
+        if causal is False and kind == "gpt2":
+            raise _fail(path, "causal: GPT-2 is a causal language model; causal=False is not supported")
+    opts = {k: v for k, v in options.items() if v is not None}
+    if "bias" in spec.options and "bias" not in opts:
+        opts["bias"] = any(w[1] is not None or w[3] is not None for *_, w, _ in layouts)
+
+    n_layers = len(hosts)
+    shared = None
+    first = layouts[0]
+    is_causal = [causal if causal is not None else lay[3] for lay in layouts]
+    if spec.stack_shared:
+        if len(set(is_causal)) > 1 or len({lay[:2] for lay in layouts}) > 1:
+            raise _fail(hosts[0][0], "a stack-shared attention needs one width, head count and causality across "
+                                     "the swapped layers")
+        try:
+            shared = spec.cls.build_stack_shared(n_layers=n_layers, d_model=first[0], n_heads=first[1],
+                                                 causal=is_causal[0], dropout=first[2], **opts)
+        except ValueError as e:
+            raise _fail(hosts[0][0], str(e)) from e
+    stack = SharedStackContext(spec.cls, shared, n_layers) if shared is not None else None
+
+    adapters = []
+    for i, ((path, _, kind, host, parent, attr), (D, H, p, _, weights, why)) in enumerate(zip(hosts, layouts)):
+        share = StackShare(shared, i, n_layers) if spec.stack_shared else None
+        try:
+            attn = create_attention(name, d_model=D, n_heads=H, causal=is_causal[i], dropout=p, stack=share, **opts)
+        except ValueError as e:
+            raise _fail(path, str(e)) from e
+        ref = next(host.parameters(), None)
+        if ref is not None:
+            attn.to(device=ref.device, dtype=ref.dtype)
+        if copy_weights and _has_mha_layout(attn, D):
+            if why is not None:
+                raise _fail(path, f"cannot copy the host's weights faithfully: {why}; pass copy_weights=False to "
+                                  "swap in a freshly initialised attention")
+            _copy_projections(attn, weights, path)
+        if kind == "timm":
+            adapter = TimmAttentionAdapter(attn, path, host.proj_drop)
+        elif kind == "gpt2":
+            adapter = GPT2AttentionAdapter(attn, path, host.resid_dropout, host.layer_idx)
+        else:
+            adapter = TorchMultiheadAttentionAdapter(attn, path, host.batch_first)
+        adapter.layer_idx = i
+        adapter.train(host.training)
+        if stack is not None:
+            object.__setattr__(adapter, "_stack", stack)
+        if parent is None:
+            model = adapter
+        else:
+            setattr(parent, attr, adapter)
+        adapters.append((adapter, parent if _is_known_block(kind, parent, adapter) else None))
+
+    if stack is not None:
+        stack.to(device=first[4][0].device, dtype=first[4][0].dtype)
+        stack.train(hosts[0][3].training)
+        model.add_module(_SHARED_NAME, stack)
+        _install_stack_hooks(stack, adapters[0], adapters[-1])
+    for module in model.modules():  # nested-tensor fast path would hand our adapters NestedTensors
+        if isinstance(module, nn.TransformerEncoder):
+            module.use_nested_tensor = False
+    return model

@@ -1,0 +1,280 @@
+"""Benchmark your own shapes: ``zoo.benchmark(...)`` and ``python -m attention_zoo.bench``.
+
+One attention layer per case (variant × flavour × shape (B, T, D, H)), eager and optionally compiled
+(``torch.compile``), in fp32 or under autocast (bf16/fp16). For every shape the cases are built first and timed in
+interleaved rounds (A B C … A B C …) until each has at least ``min_repeats`` calls and ``min_time_s`` seconds of
+timed work, with the noise guard of ``measure.latency`` (IQR/median, machine load); peak memory is measured per case
+and mode in a fresh process on CPU (peak RSS) or with ``max_memory_allocated`` on CUDA; FLOPs are the modules'
+analytic count and FlopCounterMode's. Every row says its unit in the column name (``_ms``, ``_mib``, ``_gflop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .cli import HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
+from .envinfo import device_name, environment_record, resolve_device, setup_threads
+from .io import atomic_savefig, atomic_write_csv, atomic_write_json
+from .measure.flops import analytic_flops, flop_counter_count
+from .measure.latency import LOAD_KEYS, measure_interleaved, step_fn
+from .measure.memory import measure_memory_many, memory_item
+from .measure.status import free_memory, is_oom, short_message
+from .measure.workload import build_workload, workload_spec
+from .plugins import add_include_argument
+from .registry import get_attention_spec, select_attentions
+
+BASELINE = "mha"
+DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
+MODES = {"fwd": "forward", "fwd_bwd": "fwd_bwd"}  # benchmark mode -> step_fn / memory mode
+COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled",
+           "device", "device_name", "status", "message", "latency_median_ms", "latency_q25_ms", "latency_q75_ms",
+           "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s", "peak_mib",
+           "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops", "latency_vs_mha",
+           "memory_vs_mha", "compiled_vs_eager"]
+
+
+def _shape(s) -> tuple[int, int, int, int]:
+    try:
+        B, T, D, H = (int(v) for v in s)
+    except (TypeError, ValueError):
+        raise ValueError(f"shapes: expected (batch, seq_len, d_model, n_heads) tuples, got {s!r}") from None
+    if min(B, T, D, H) < 1 or D % H:
+        raise ValueError(f"shapes: expected positive sizes with d_model % n_heads == 0, got {s!r}")
+    return B, T, D, H
+
+
+def _flavors(name: str, flavors: Sequence[str]) -> list[str]:
+    have = get_attention_spec(name).flavors
+    return [f for f in flavors if f in have] or ["paper"]
+
+
+def _case_spec(name: str, flavor: str, shape, causal: bool, amp: str | None) -> dict:
+    B, T, D, H = shape
+    return workload_spec(attention=name, options={"flavor": flavor}, batch=B, seq_len=T, d_model=D, n_heads=H,
+                         causal=causal, amp=amp)
+
+
+def _failure_row(base: dict, exc: BaseException) -> dict:
+    if not is_oom(exc):
+        raise exc
+    return {**base, "status": "oom", "message": short_message(exc)}
+
+
+def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing: dict) -> list[dict]:
+    """Build, compile (optionally) and time every case of one shape in interleaved rounds."""
+    rows, fns, meta = [], {}, {}
+    for key, (base, spec) in cases.items():
+        try:
+            wl = build_workload(spec, device)
+            fwd = analytic_flops(wl.model, wl.batch, wl.seq_len)
+            counted = flop_counter_count(wl.model, wl.inputs)[0]
+        except Exception as exc:  # noqa: BLE001 - an OOM is a row, anything else propagates
+            rows += [_failure_row({**base, "mode": m, "compiled": c}, exc) for m in modes
+                     for c in ((False, True) if compile else (False,))]
+            free_memory(device)
+            continue
+        variants = [(False, wl.model)]
+        if compile:
+            variants.append((True, torch.compile(wl.model)))
+        for compiled, model in variants:
+            for mode in modes:
+                wl_c = type(wl)(model, wl.inputs, wl.loss, wl.spec)
+                fn = step_fn(wl_c, MODES[mode])
+                compile_s = None
+                if compiled:  # the first call compiles: timed apart, reported as compile time
+                    t0 = time.perf_counter()
+                    try:
+                        fn()
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append(_failure_row({**base, "mode": mode, "compiled": True}, exc))
+                        continue
+                    compile_s = time.perf_counter() - t0
+                label = (key, mode, compiled)
+                fns[label] = fn
+                meta[label] = {**base, "mode": mode, "compiled": compiled, "compile_s": compile_s,
+                               "fwd_gflop_analytic": fwd / 1e9, "fwd_gflop_counted": counted / 1e9}
+    results, failures = measure_interleaved(fns, device, **timing)
+    for label, exc in failures.items():
+        rows.append(_failure_row(meta[label], exc))
+    for label, lat in results.items():
+        m = meta[label]
+        flops = m["fwd_gflop_analytic"] * (1 if m["mode"] == "fwd" else 3)  # backward ≈ 2 × forward
+        rows.append({**m, "status": "ok", "message": "", "latency_median_ms": lat.median_ms,
+                     "latency_q25_ms": lat.q25_ms, "latency_q75_ms": lat.q75_ms, "latency_iqr_ms": lat.iqr_ms,
+                     "repeats": lat.repeats, "unstable": lat.unstable, "unstable_reason": lat.unstable_reason,
+                     **{k: lat.load.get(k) for k in LOAD_KEYS},
+                     "achieved_gflops": flops / (lat.median_ms * 1e-3)})
+    fns.clear()
+    return rows
+
+
+def _memory(rows: list[dict], specs: dict, device: torch.device) -> None:
+    """Peak memory of one step per eager ok row (fresh process on CPU); compiled rows are not measured."""
+    todo = [r for r in rows if r["status"] == "ok" and not r["compiled"]]
+    items = [memory_item(specs[(r["variant"], r["flavor"], r["batch"], r["seq_len"], r["d_model"], r["n_heads"])],
+                         MODES[r["mode"]], threads=torch.get_num_threads()) for r in todo]
+    kind = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
+    for r, res in zip(todo, measure_memory_many(items, device, workers=1) if items else []):
+        r["peak_mib"], r["memory_kind"] = res.get(kind), kind
+        if res["status"] != "ok":
+            r["message"] = f"memory: {res['status']} {res['message']}"
+            print(f"warning: {r['variant']}/{r['flavor']} {r['mode']}: peak memory not measured ({res['message']})",
+                  file=sys.stderr)
+
+
+def _ratios(df: pd.DataFrame) -> pd.DataFrame:
+    keys = ["batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled"]
+    base = df[(df["variant"] == BASELINE) & (df["status"] == "ok")].set_index(keys)
+    idx = pd.MultiIndex.from_frame(df[keys])
+    for col, out in (("latency_median_ms", "latency_vs_mha"), ("peak_mib", "memory_vs_mha")):
+        ref = base[col].reindex(idx).to_numpy() if not base.empty else float("nan")
+        df[out] = pd.to_numeric(df[col], errors="coerce") / ref
+    eager = df[~df["compiled"]].set_index(["variant", "flavor", *keys[:-1]])["latency_median_ms"]
+    ekeys = pd.MultiIndex.from_frame(df[["variant", "flavor", *keys[:-1]]])
+    df["compiled_vs_eager"] = (df["latency_median_ms"] / eager.reindex(ekeys).to_numpy()).where(df["compiled"])
+    return df
+
+
+def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int]] = ((4, 512, 256, 8),), *,
+              device: str | torch.device = "auto", dtype: str = "fp32", modes: Sequence[str] = ("fwd", "fwd_bwd"),
+              compile: bool = False, flavors: Sequence[str] = ("paper",), causal: bool = False, memory: bool = True,
+              warmup: int = 2, repeats: int | None = None, min_time_s: float = 1.0, min_repeats: int = 10,
+              progress: bool = False) -> pd.DataFrame:
+    """Latency (median, IQR, noise-guard verdict), peak memory, analytic and counted FLOPs, achieved FLOP/s and ratios
+    to MHA of every variant × flavour × shape × mode; one row each (see ``COLUMNS``).
+
+    ``variants``: names or wildcards (a string "mha,d*" or a list); MHA is always added as the baseline.
+    ``shapes``: (batch, seq_len, d_model, n_heads) tuples. ``dtype``: fp32, or bf16/fp16 under autocast.
+    ``compile``: also time ``torch.compile``d modules (compile time in ``compile_s``, ratio in ``compiled_vs_eager``).
+
+    Raises:
+        ValueError: an unknown variant, flavour, mode or dtype, or a bad shape.
+    """
+    names = select_attentions(variants if isinstance(variants, str) else ",".join(variants))
+    if BASELINE not in names:
+        names = [BASELINE, *names]
+    shapes = [_shape(s) for s in shapes]
+    if not shapes:
+        raise ValueError("shapes: expected at least one (batch, seq_len, d_model, n_heads) tuple")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes: expected a non-empty subset of {', '.join(MODES)}, got {list(modes)!r}")
+    bad = [f for f in flavors if f not in ("paper", "damcha_repo")]
+    if bad or not flavors:
+        raise ValueError(f"flavors: expected paper and/or damcha_repo, got {list(flavors)!r}")
+    device = resolve_device(str(device))
+    timing = {"warmup": warmup, "repeats": repeats, "min_time_s": min_time_s, "min_repeats": min_repeats}
+    rows, specs = [], {}
+    for shape in tqdm(shapes, desc="bench", disable=not progress, unit="shape"):
+        cases = {}
+        for name in names:
+            if causal and not get_attention_spec(name).causal_ok:
+                continue
+            for flavor in _flavors(name, flavors):
+                spec = _case_spec(name, flavor, shape, causal, DTYPES[dtype])
+                specs[(name, flavor, *shape)] = spec
+                base = {"variant": name, "flavor": flavor, "batch": shape[0], "seq_len": shape[1],
+                        "d_model": shape[2], "n_heads": shape[3], "causal": causal, "dtype": dtype,
+                        "device": device.type, "device_name": device_name(device)}
+                cases[(name, flavor)] = (base, spec)
+        rows += _time_shape(cases, device, modes, compile, timing)
+    if memory:
+        _memory(rows, specs, device)
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    df["compiled"] = df["compiled"].astype(bool)
+    return _ratios(df)
+
+
+def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
+    """Latency and peak memory vs sequence length, one line per variant/flavour (log-log), for ``mode``."""
+    from .report import _plt
+
+    plt, sns = _plt()
+    ok = df[(df["status"] == "ok") & (df["mode"] == mode) & ~df["compiled"]].copy()
+    ok["case"] = ok["variant"] + "/" + ok["flavor"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (col, label) in zip(axes, (("latency_median_ms", f"{mode} latency, ms (median)"),
+                                       ("peak_mib", f"{mode} peak memory, MiB"))):
+        data = ok[pd.to_numeric(ok[col], errors="coerce") > 0]
+        if not data.empty:
+            sns.lineplot(data=data, x="seq_len", y=col, hue="case", marker="o", errorbar=None, ax=ax)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+        ax.set_xlabel("sequence length T (tokens)")
+        ax.set_ylabel(label)
+    fig.tight_layout()
+    out = atomic_savefig(fig, path, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attention_zoo.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--variants", default="*", help="comma-separated names or wildcards; MHA is always added")
+    p.add_argument("--flavor", "--flavour", dest="flavor", choices=("paper", "damcha_repo", "both"), default="paper",
+                   help="baseline flavour(s); variants without the flavour run their paper method")
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[4], help="batch sizes")
+    p.add_argument("--seq-len", type=positive_int, nargs="+", default=[512], help="sequence lengths")
+    p.add_argument("--d-model", type=positive_int, nargs="+", default=[256], help="model widths")
+    p.add_argument("--heads", type=positive_int, nargs="+", default=[8], help="head counts (must divide d_model)")
+    p.add_argument("--causal", action="store_true", help="causal masking")
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="what is timed")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="fp32, or bf16/fp16 under autocast")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd modules")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
+    p.add_argument("--repeats", type=positive_int, default=None, help="a fixed number of timed rounds")
+    p.add_argument("--min-time", type=positive_float, default=1.0, help="seconds of timed work per case, at least")
+    p.add_argument("--min-repeats", type=positive_int, default=10, help="timed calls per case, at least")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement")
+    p.add_argument("--results-file", type=Path, default=None, help="CSV of the rows (an .env.json beside it)")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of latency and memory vs T")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    add_include_argument(p)
+    return p
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_threads(args.threads)
+    shapes = [(b, t, d, h) for b in args.batch for t in args.seq_len for d in args.d_model for h in args.heads]
+    flavors = ("paper", "damcha_repo") if args.flavor == "both" else (args.flavor,)
+    df = benchmark(args.variants, shapes, device=args.device, dtype=args.dtype, modes=args.modes,
+                   compile=args.compile, flavors=flavors, causal=args.causal, memory=args.memory,
+                   warmup=args.warmup, repeats=args.repeats, min_time_s=args.min_time,
+                   min_repeats=args.min_repeats, progress=not args.quiet)
+    for r in df[df["unstable"] == True].itertuples():  # noqa: E712 - NaN rows (failed cases) are not unstable
+        print(f"warning: {r.variant}/{r.flavor} {r.mode} T={r.seq_len}: unstable timing ({r.unstable_reason})",
+              file=sys.stderr)
+    if args.results_file:
+        atomic_write_csv(df, args.results_file)
+        env = environment_record(resolve_device(args.device), command_args=vars(args))
+        atomic_write_json(Path(f"{args.results_file}.env.json"), json.loads(json.dumps(env, default=str)))
+    if args.plot:
+        plot(df, args.plot, "fwd_bwd" if "fwd_bwd" in args.modes else args.modes[0])
+    if not args.quiet:
+        cols = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "mode", "compiled",
+                "latency_median_ms", "latency_iqr_ms", "latency_vs_mha", "peak_mib", "memory_vs_mha",
+                "achieved_gflops", "unstable"]
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
