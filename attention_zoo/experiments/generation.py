@@ -87,7 +87,7 @@ PRESETS = {
                                      warmup_steps=10, log_every=10, eval_max_batches=2, ckpt_every=50),
                     text_train=dict(_COMMON, max_steps=150, batch_size=16, lr=2e-3, min_lr_ratio=0.1,
                                     warmup_steps=10, log_every=10, eval_max_batches=2, ckpt_every=50),
-                    epochs=None, image_eval=100, text_eval=64, decoder_positions="learned"),
+                    epochs=None, image_eval=64, text_eval=64, decoder_positions="learned"),
     # The compact repo config (docs/experiments.md §1), 50 epochs; CV: AdamW 3e-4 cosine to 0.01·lr, batch 64, the first
     # 51 validation batches; text: Adam(W, wd 0) at 3e-4, batch 32, whole validation split, WMT's first 100k pairs.
     "paper": Preset(("cifar10", "cifar100"), ("wmt14", "commongen"), d_model=128, n_layers=4, n_heads=8, d_ff=256,

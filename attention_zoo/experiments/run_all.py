@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
-from .common import HelpFormatter, cli_main
+from .common import HelpFormatter, cli_main, positive_int
 from .results_index import RUN_RECORD, build_index
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "reproduce"
@@ -58,22 +58,22 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "synthetic": ["--variants", "mha,damcha", "--lambda", "0", "1", "--de", "4", "--seeds", "0", "1", "--steps",
                       "2", "--workers", "1"],
         "table5_gpt2": ["--variants", "mha,damcha", "--flavour", "paper", "--max-steps", "2", "--eval-batches", "1"],
-        "table1_generation": ["--variants", "mha,damcha", "--flavour", "paper", *_TINY_GEN],
+        "table1_generation": ["--variants", "mha,damcha", "--flavour", "paper", "--datasets", "digits", *_TINY_GEN],
         "appendix_e_kde": ["--flavour", "paper"],
         "table3_depth_blocks": ["--depths", "1", *_TINY_GEN],
-        "table4_ablation": _TINY_GEN,
+        "table4_ablation": ["--datasets", "digits", *_TINY_GEN],
         "table6_vit": ["--variants", "mha,damcha", "--flavour", "paper", "--steps", "2", "--eval-batches", "1"],
         "appendix_fgh": ["--steps", "4"],
-        "rowsum_analysis": ["--sections", "gradient_identity,equivalence,costs"],  # diag_vs_full trains 300 steps
+        "rowsum_analysis": ["--sections", "gradient_identity,equivalence"],  # the others: 300 steps, B=4 T=512
         "benchmark": ["--variants", "mha,damcha", "--batch", "1", "--seq-len", "16", "--d-model", "16", "--heads",
                       "2", "--layers", "1", "--warmup", "0", "--repeats", "1"],
     },
 }
 
 
-def script_command(name: str, preset: str, device: str, results: Path) -> list[str]:
+def script_command(name: str, preset: str, device: str, results: Path, threads: int | None = None) -> list[str]:
     """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset)."""
-    extra = SCRIPT_ARGS[preset].get(name, [])
+    extra = SCRIPT_ARGS[preset].get(name, []) + ([] if threads is None else ["--threads", str(threads)])
     if name == "benchmark":
         out = results / "benchmark"
         return [sys.executable, "-m", "attention_zoo.measure.quick", "--device", device, *extra,
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                         "presets; tiny: seconds per script, for tests")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads of every script (default: each script's own choice)")
     p.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of the scripts")
     p.add_argument("--index-only", action="store_true", help="only rebuild results/README.md")
     args = p.parse_args(argv)
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         record["runs"] = [r for r in record.get("runs", []) if r.get("run_id") != run["run_id"]] + [run]
         t_run, cpu_run = time.perf_counter(), _children_cpu()
         for name in todo:
-            cmd = script_command(name, args.preset, args.device, results)
+            cmd = script_command(name, args.preset, args.device, results, args.threads)
             shown = shlex.join(["python", *cmd[1:]])
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]

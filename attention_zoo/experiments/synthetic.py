@@ -82,7 +82,7 @@ class Preset:
 PRESETS = {
     # Seconds per cell on one CPU core; the DAMCHA generator is narrowed to keep it in that budget.
     "smoke": Preset(lambdas=(0.0, 0.25, 0.5, 0.75, 1.0), des=(4, 8, 12, 16, 20), reg_d_e=8, seq_len=16,
-                    n_train=4096, n_test=1024, n_layers=1, steps=300, batch_size=64, lr=5e-3,
+                    n_train=4096, n_test=1024, n_layers=1, steps=200, batch_size=64, lr=5e-3,
                     attention_options={"hidden_dims": (64, 64)}),
     "paper": Preset(lambdas=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), des=(4, 8, 12, 16, 20), reg_d_e=8, seq_len=32,
                     n_train=16384, n_test=4096, n_layers=2, steps=3000, batch_size=128, lr=3e-3),

@@ -4,7 +4,7 @@ Columns (docs/experiments.md §4): images MSE ↓, FID ↓, FID@Top-50 ↓ (+ fe
 BARTScore@Top-50 ↑ under both rules (``nll_top50``, ``score_top50``), with BERTScore F1 beside it. A cell is
 (dataset, variant, flavour, seed): one training run (``generation.train_and_score``); finished cells are skipped on
 rerun and an interrupted one resumes from its checkpoint. Presets: ``smoke`` = digits (masked-patch task by default,
-``--image-task pixel``) + the embedded concept-to-sentence task, 100 scored images / 64 scored sentences per variant
+``--image-task pixel``) + the embedded concept-to-sentence task, 64 scored images / 64 scored sentences per variant
 (real-Inception FID costs ≈0.17 s per image on an idle CPU); ``paper`` = CIFAR-10/100 + WMT14 en→de + CommonGen with
 the compact repo config (see ``generation.PRESETS``). Baselines default to the ``damcha_repo`` flavour (what the
 paper ran; ``--flavour both`` adds the published methods).

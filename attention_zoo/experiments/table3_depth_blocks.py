@@ -11,7 +11,7 @@ get identical gradients, so once training dominates the initialisation diagonal-
 diagonal-only, 98.703, is worse than the weakest full; off-diagonal-only is worse than both. Block scales act on
 the generated metric only, as in the DAMCHA authors' code; a static M0 (``use_mlp=False``) takes none.
 
-Smoke: digits (patch task), depths {1, 2, 3} (``--depths``), 100 scored images per inference row.
+Smoke: digits (patch task), depths {1, 2, 3} (``--depths``), 64 scored images per inference row.
 """
 
 from __future__ import annotations

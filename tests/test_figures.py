@@ -1,0 +1,153 @@
+"""Figure rules: one fixed colour per variant in every figure, flavours by line style or hatch, legends outside the
+data, one unit per axis (GFLOP and GMAC apart), log-log scaling plots, KDEs of non-negative scores bounded at 0."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from attention_zoo import report  # noqa: E402
+from attention_zoo.experiments import table2_efficiency, table7_complexity  # noqa: E402
+from attention_zoo.registry import list_attentions  # noqa: E402
+
+PAPER_METHODS = ("mha", "tha", "dcmha", "colmha", "mma", "moa", "damcha")
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Keep every figure the report helpers save (they close it afterwards; the artists stay readable)."""
+    saved = {}
+
+    def keep(fig, path, **kwargs):
+        saved[str(path).rsplit("/", 1)[-1]] = fig
+        return path
+
+    monkeypatch.setattr(report, "atomic_savefig", keep)
+    monkeypatch.setattr(table2_efficiency, "barh_plot", report.barh_plot)
+    yield saved
+    plt.close("all")
+
+
+def _lines(fig) -> dict[str, object]:
+    return {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+
+
+def test_palette_is_fixed_distinct_and_covers_every_registered_variant():
+    pal = report.variant_palette()
+    assert set(PAPER_METHODS) <= set(pal) and set(list_attentions()) <= set(pal)
+    assert len({pal[v] for v in PAPER_METHODS}) == len(PAPER_METHODS)
+    assert report.variant_palette(["damcha"]) == {"damcha": report.VARIANT_COLOURS["damcha"]}
+    # a plugin's colour is deterministic (a hash of its name), never one of the seven methods'
+    assert report.variant_colour("mine") == report.variant_colour("mine")
+    assert report.variant_colour("mine") not in report.VARIANT_COLOURS.values()
+
+
+def test_series_styles_parse_labels_flavours_and_options():
+    s = report.series_styles(["damcha/paper", "tha/damcha_repo/s1", "damcha[collapsed_generator=true]",
+                              "mha/paper causal", "oracle (knows R)"])
+    assert s["damcha/paper"]["color"] == s["damcha[collapsed_generator=true]"]["color"] == "#d55e00"
+    assert s["tha/damcha_repo/s1"]["linestyle"] == "--" and s["tha/damcha_repo/s1"]["hatch"]
+    assert s["damcha/paper"]["linestyle"] == "-" and not s["damcha/paper"]["hatch"]
+    assert s["damcha[collapsed_generator=true]"]["linestyle"] == ":"
+    assert s["mha/paper causal"]["color"] == report.VARIANT_COLOURS["mha"]
+    assert s["oracle (knows R)"]["color"] == report.REFERENCE_COLOUR  # a reference beside the variants
+    other = report.series_styles(["full", "diag_only"])  # no variants: a qualitative palette
+    assert other["full"]["color"] != other["diag_only"]["color"]
+
+
+def test_same_colour_for_a_variant_across_figures_and_dashed_damcha_repo(figures, tmp_path):
+    seeds = range(3)
+    a = pd.DataFrame([{"label": lab, "x": x, "y": x + s} for lab in ("mha/paper", "damcha/paper", "tha/damcha_repo")
+                      for x in (1, 2, 3) for s in seeds])
+    b = pd.DataFrame([{"label": lab, "x": x, "y": x * s} for lab in ("damcha/paper", "moa/paper", "moa/damcha_repo")
+                      for x in (1, 2) for s in seeds])
+    report.line_plot(a, "x", "y", "label", tmp_path / "a.png", "A", "y (units)")
+    report.line_plot(b, "x", "y", "label", tmp_path / "b.png", "B", "y (units)")
+    la, lb = _lines(figures["a.png"]), _lines(figures["b.png"])
+    assert to_hex(la["damcha/paper"].get_color()) == to_hex(lb["damcha/paper"].get_color()) == "#d55e00"
+    assert la["tha/damcha_repo"].get_linestyle() == "--" and lb["moa/damcha_repo"].get_linestyle() == "--"
+    assert la["damcha/paper"].get_linestyle() == "-"
+    assert to_hex(lb["moa/paper"].get_color()) == to_hex(lb["moa/damcha_repo"].get_color())
+    # 95 % bands from the three seeds: one filled band per series
+    assert sum(len(ax.collections) for ax in figures["a.png"].axes) >= 3
+    # the legend sits outside the data (to the right of the axes)
+    leg = figures["a.png"].axes[-1].get_legend()
+    assert leg is not None and leg._loc == 2 and leg.get_bbox_to_anchor().x0 > figures["a.png"].axes[-1].bbox.x1
+
+
+def test_bar_plot_colours_by_variant_and_hatches_damcha_repo(figures, tmp_path):
+    df = pd.DataFrame([{"dataset": d, "label": lab, "value": v + s} for d in ("digits", "concepts")
+                       for lab, v in (("damcha/paper", 1.0), ("dcmha/damcha_repo", 2.0), ("dcmha/paper", 3.0))
+                       for s in range(3)])
+    report.bar_plot(df, "dataset", "value", "label", tmp_path / "bars.png", "T", "FID (units)")
+    ax = figures["bars.png"].axes[0]
+    order = report.sort_labels(["damcha/paper", "dcmha/damcha_repo", "dcmha/paper"])
+    assert order == ["dcmha/paper", "dcmha/damcha_repo", "damcha/paper"]  # table order, paper flavour first
+    by_label = dict(zip(order, ax.containers))
+    assert all(to_hex(b.get_facecolor()) == "#d55e00" for b in by_label["damcha/paper"])
+    assert all(b.get_hatch() == report.FLAVOUR_HATCH["damcha_repo"] for b in by_label["dcmha/damcha_repo"])
+    assert all(not b.get_hatch() for b in by_label["dcmha/paper"])
+    assert len(ax.get_lines()) >= 6  # an error bar per bar (95 % t-interval over the 3 seeds)
+
+
+def test_table2_gflop_and_gmac_never_share_an_axis_and_bars_keep_variant_colours(figures, tmp_path):
+    rows = []
+    for v, f in (("mha", "paper"), ("damcha", "paper"), ("tha", "damcha_repo")):
+        for metric, unit, val in (("fwd_gflops_analytic", "GFLOP", 1.0), ("flop_counter_gflops", "GFLOP", 1.1),
+                                  ("fvcore_gmacs", "GMAC", 0.5), ("latency_fwd_median_ms", "ms", 3.0),
+                                  ("latency_fwd_q25_ms", "ms", 2.5), ("latency_fwd_q75_ms", "ms", 3.5),
+                                  ("peak_train_rss_mib", "MiB", 10.0)):
+            rows.append({"setting": "CIFAR-10/100", "variant": v, "flavour": f, "metric": metric, "unit": unit,
+                         "value": val, "status": "ok", "unstable": v == "tha"})
+    paths = table2_efficiency.plots(pd.DataFrame(rows), tmp_path)
+    names = {p.name if hasattr(p, "name") else str(p).rsplit("/", 1)[-1] for p in paths}
+    assert {"table2_efficiency_gflops_cifar-10.png", "table2_efficiency_gmacs_cifar-10.png"} <= names
+    gflops, gmacs = figures["table2_efficiency_gflops_cifar-10.png"], figures["table2_efficiency_gmacs_cifar-10.png"]
+    assert all("GFLOP" in ax.get_xlabel() and "GMAC" not in ax.get_xlabel() for ax in gflops.axes)
+    assert all("GMAC" in ax.get_xlabel() for ax in gmacs.axes)
+    lat = figures["table2_efficiency_latency_cifar-10.png"].axes[0]
+    bars = {lat.get_yticklabels()[round(b.get_y() + b.get_height() / 2)].get_text(): b for b in lat.patches}
+    assert to_hex(bars["damcha/paper"].get_facecolor()) == "#d55e00"
+    assert bars["tha/damcha_repo"].get_hatch() == report.UNSTABLE_HATCH  # unstable: faded, cross-hatched
+    assert bars["tha/damcha_repo"].get_alpha() < 1
+
+
+def test_table7_scaling_plots_are_log_log_with_one_line_per_variant(figures, tmp_path):
+    rows = [{"variant": v, "flavour": f, "causal": c, "seq_len": T, "d_model": 64, "metric": "fwd_gflops_analytic",
+             "unit": "GFLOP", "value": T * (2 if v == "damcha" else 1), "status": "ok"}
+            for v, f in (("mha", "paper"), ("damcha", "paper"), ("tha", "damcha_repo")) for c in (False, True)
+            for T in (128, 256, 512)]
+    df = pd.DataFrame(rows)
+    table7_complexity.scaling_plots(df, df.iloc[0:0], tmp_path)
+    fig = figures["table7_complexity_fwd_gflops_analytic_vs_seq_len.png"]
+    assert len(fig.axes) == 2  # non-causal and causal panels
+    for ax in fig.axes:
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        labels = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        assert sorted(labels) == ["damcha/paper", "mha/paper", "tha/damcha_repo"]  # one line each, no duplicates
+
+
+def test_kde_of_non_negative_scores_is_bounded_at_zero():
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"mse": np.concatenate([rng.exponential(0.05, 200), rng.exponential(0.08, 200)]),
+                       "label": ["mha/paper"] * 200 + ["dcmha/damcha_repo"] * 200})
+    fig, (bounded, free) = plt.subplots(1, 2)
+    report.kde_plot(bounded, df, "mse", "label", non_negative=True)
+    report.kde_plot(free, df, "mse", "label", non_negative=False)
+    assert min(ln.get_xdata().min() for ln in bounded.get_lines()) >= 0.0
+    assert min(ln.get_xdata().min() for ln in free.get_lines()) < 0.0  # an unbounded KDE would leak below 0
+    styles = {ln.get_label(): ln.get_linestyle() for ln in bounded.get_lines()}
+    assert styles == {"mha/paper": "-", "dcmha/damcha_repo": "--"}
+    plt.close(fig)
+
+
+def test_ci_table_gives_student_t_intervals():
+    df = pd.DataFrame({"variant": ["mha"] * 4 + ["damcha"], "metric": ["x"] * 5, "value": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    ci = report.ci_table(df, ["variant"], ["metric"], floatfmt=".3f").set_index("variant")
+    assert ci.loc["mha", "x"] == "2.500 [0.446, 4.554] (n=4)"  # t_{0.975,3} = 3.182, s = 1.291
+    assert ci.loc["damcha", "x"] == "5.000 (n=1)"
