@@ -77,7 +77,8 @@ def comparison_frame(entries: list[dict]) -> pd.DataFrame:
     """Rows ``{"what", "paper", "ours", "note"?, "unit"?, "source"?}`` -> frame with ``delta`` (ours − paper),
     ``delta_unit`` and ``delta_pct``, under three honesty rules:
     - a row whose note starts with "not comparable" gets no delta (the note says why);
-    - a delta of two percentages (``unit`` "%" or "(%)" in ``what``) is in percentage points, never a relative %;
+    - a delta of two percentages (``unit`` "%", or ``what`` ending in "%)") is in percentage points, never a
+      relative %;
     - one measured value (same ``source`` key) is compared with one paper number only: later rows that would
       set it beside a different paper number are dropped.
     """
@@ -96,10 +97,10 @@ def comparison_frame(entries: list[dict]) -> pd.DataFrame:
     note = df["note"].fillna("").astype(str) if "note" in df else pd.Series("", index=df.index)
     unit = df["unit"].fillna("").astype(str) if "unit" in df else pd.Series("", index=df.index)
     comparable = ~note.str.startswith(NOT_COMPARABLE)
-    percent = (unit == "%") | df["what"].astype(str).str.contains("(%)", regex=False)
+    percent = (unit == "%") | df["what"].astype(str).str.contains(r"%\s*\)", regex=True)  # "(%)", "(test loss %)"
     ours, paper = pd.to_numeric(df["ours"], errors="coerce"), pd.to_numeric(df["paper"], errors="coerce")
     df["delta"] = (ours - paper).where(comparable)
-    df["delta_unit"] = percent.map({True: "pp", False: ""}).where(comparable, "")
+    df["delta_unit"] = percent.map({True: "pp", False: ""}).where(comparable & df["delta"].notna(), "")
     df["delta_pct"] = (100.0 * (ours - paper) / paper.abs()).where(comparable & ~percent)
     return df
 

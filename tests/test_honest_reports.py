@@ -93,8 +93,10 @@ def test_not_comparable_rows_get_no_delta():
 
 def test_delta_of_percentages_is_in_points():
     df = comparison_frame([{"what": "top-1 (%)", "paper": 80.0, "ours": 70.0},
-                           {"what": "accuracy", "paper": 50.0, "ours": 55.0, "unit": "%"}])
-    assert list(df["delta"]) == [-10.0, 5.0] and list(df["delta_unit"]) == ["pp", "pp"]
+                           {"what": "accuracy", "paper": 50.0, "ours": 55.0, "unit": "%"},
+                           {"what": "a vs b (test loss %)", "paper": -3.7, "ours": -0.4}])
+    assert list(df["delta"]) == pytest.approx([-10.0, 5.0, 3.3])
+    assert list(df["delta_unit"]) == ["pp", "pp", "pp"]
     assert df["delta_pct"].isna().all()  # never a percent of a percent
     assert "-10.0000 pp" in format_comparison(df)
 
