@@ -86,28 +86,32 @@ def gain_plot(df: pd.DataFrame, x: str, path: Path, title: str, xlabel: str, yla
     return out
 
 
-def _wide(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows variant/flavour; columns λ=… (test MSE) then d_e=… (test accuracy), seed means."""
+def _by_column(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok metric rows with ``column`` = "λ=… test MSE" (regression first) or "d_e=… test acc", in order."""
     ok = df[(df["status"] == "ok") & df["metric"].isin(list(METRIC.values()))].copy()
     if ok.empty:
-        return pd.DataFrame()
+        return ok
     ok["setting"] = _setting(ok)
     ok = ok.assign(order=(ok["task"] == "classification").astype(int)).sort_values(["order", "setting"])
     ok["column"] = np.where(ok["task"] == "regression", "λ=" + ok["setting"].map("{:g}".format) + " test MSE",
                             "d_e=" + ok["setting"].map("{:g}".format) + " test acc")
+    return ok
+
+
+def _wide(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows variant/flavour; columns λ=… (test MSE) then d_e=… (test accuracy), seed means."""
+    ok = _by_column(df)
+    if ok.empty:
+        return pd.DataFrame()
     wide = ok.groupby(["variant", "flavor", "column"], sort=False)["value"].mean().unstack("column")
     return wide[list(dict.fromkeys(ok["column"]))].reset_index()
 
 
 def _ci_wide(df: pd.DataFrame) -> pd.DataFrame:
     """Like ``_wide`` but "mean [low, high] (n)": the 95 % Student-t interval over seeds."""
-    ok = df[(df["status"] == "ok") & df["metric"].isin(list(METRIC.values()))].copy()
+    ok = _by_column(df)
     if ok.empty:
         return pd.DataFrame()
-    ok["setting"] = _setting(ok)
-    ok = ok.assign(order=(ok["task"] == "classification").astype(int)).sort_values(["order", "setting"])
-    ok["column"] = np.where(ok["task"] == "regression", "λ=" + ok["setting"].map("{:g}".format) + " test MSE",
-                            "d_e=" + ok["setting"].map("{:g}".format) + " test acc")
     ci = report.ci_table(ok, ["variant", "flavor"], ["column"], floatfmt=".3g")
     return ci[["variant", "flavor", *[c for c in dict.fromkeys(ok["column"]) if c in ci]]]
 
