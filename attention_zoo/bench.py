@@ -198,7 +198,7 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
 
 def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
     """Latency and peak memory vs sequence length, one line per variant/flavour (log-log), for ``mode``."""
-    from .report import _plt
+    from .plots import _plt
 
     plt, sns = _plt()
     ok = df[(df["status"] == "ok") & (df["mode"] == mode) & ~df["compiled"]].copy()

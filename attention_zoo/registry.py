@@ -19,8 +19,10 @@ CAPABILITY_FLAGS = (
     "has_aux_loss",  # sets ``aux_loss`` in forward; backbones collect auxiliary losses only from such variants
     "stack_shared",  # takes a ``stack`` argument and shares a module across a stack (build_stack_shared hook)
     "has_metric",  # exposes get_M_matrices()
+    "control",  # a control arm for deciding claims (docs/claims.md): listed only on request or by name
 )
 ATTENTION_CORES = ("fused", "full logits", "explicit")
+CONTROLS_TOKEN = "controls"  # in a selection: every registered control arm
 
 
 # The constructor argument through which a backbone tells a ``stack_shared`` layer its place in the stack
@@ -72,6 +74,8 @@ def register_attention(name: str):
             raise ValueError(f"name: expected a non-empty lower-case string, got {name!r}")
         if name in _REGISTRY:
             raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
+        if name == CONTROLS_TOKEN:
+            raise ValueError(f"name: {name!r} is reserved (it selects every control arm)")
         caps = {flag: bool(getattr(cls, flag, False)) for flag in CAPABILITY_FLAGS}
         doc = (inspect.getdoc(cls) or "").split("\n")[0]
         flavors = tuple(getattr(cls, "flavors", ("paper",)))
@@ -96,9 +100,18 @@ def is_attention(name: str) -> bool:
     return name in _REGISTRY
 
 
-def list_attentions(pattern: str | list[str] | None = None, exclude: str | list[str] | None = None) -> list[str]:
-    """Sorted registered names, filtered by fnmatch wildcards (``"*mha"``, ``["d*", "mha"]``)."""
-    names = sorted(_REGISTRY)
+def list_controls() -> list[str]:
+    """Sorted names of the registered control arms (the ``control`` capability; docs/claims.md)."""
+    return sorted(n for n, s in _REGISTRY.items() if s.capabilities["control"])
+
+
+def list_attentions(pattern: str | list[str] | None = None, exclude: str | list[str] | None = None,
+                    include_controls: bool = False) -> list[str]:
+    """Sorted registered names, filtered by fnmatch wildcards (``"*mha"``, ``["d*", "mha"]``). Control arms (the
+    ``control`` flag) are left out unless ``include_controls`` or named exactly in ``pattern``."""
+    exact = set([pattern] if isinstance(pattern, str) else pattern or [])
+    names = [n for n in sorted(_REGISTRY)
+             if include_controls or not _REGISTRY[n].capabilities["control"] or n in exact]
     if pattern is not None:
         pats = [pattern] if isinstance(pattern, str) else list(pattern)
         names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in pats)]
@@ -109,21 +122,28 @@ def list_attentions(pattern: str | list[str] | None = None, exclude: str | list[
 
 
 def select_attentions(spec: str) -> list[str]:
-    """Comma-separated names or wildcards (``"mha,d*"``) -> registered names, in the order named.
+    """Comma-separated names or wildcards (``"mha,d*"``) -> registered names, in the order named. Wildcards match
+    the variants; control arms are selected by their exact name or all at once by the token ``controls``.
 
     Raises:
         ValueError: a pattern matching no registered attention, or an empty selection (the message lists the
             available ones).
     """
-    names = sorted(_REGISTRY)
+    names = list_attentions()
     chosen: list[str] = []
     for pat in (s.strip() for s in spec.split(",") if s.strip()):
-        hits = [n for n in names if fnmatch.fnmatch(n, pat)]
+        if pat == CONTROLS_TOKEN:
+            hits = list_controls()
+        elif pat in _REGISTRY:
+            hits = [pat]
+        else:
+            hits = [n for n in names if fnmatch.fnmatch(n, pat)]
         if not hits:
-            raise ValueError(f"variants: {pat!r} matches no registered attention; available: {', '.join(names)}")
+            every = names + list_controls() + [CONTROLS_TOKEN]
+            raise ValueError(f"variants: {pat!r} matches no registered attention; available: {', '.join(every)}")
         chosen += [h for h in hits if h not in chosen]
     if not chosen:
-        raise ValueError(f"variants: empty selection; available: {', '.join(names)}")
+        raise ValueError(f"variants: empty selection; available: {', '.join(names + list_controls())}")
     return chosen
 
 

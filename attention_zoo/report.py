@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .io import atomic_savefig, atomic_write_csv, atomic_write_json, atomic_write_text
+from .io import atomic_write_csv, atomic_write_json, atomic_write_text
 
 
 def wide_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str = "value") -> pd.DataFrame:
@@ -137,10 +137,11 @@ def _runs_header(env: dict) -> list[str]:
 def write_tables(out_dir: str | Path, stem: str, long_df: pd.DataFrame, wide_df: pd.DataFrame, env: dict,
                  title: str, notes: str = "", best: dict[str, str] | None = None,
                  comparison: pd.DataFrame | None = None, floatfmt: str = ".4f",
-                 md_df: pd.DataFrame | None = None) -> dict[str, Path]:
+                 md_df: pd.DataFrame | None = None, main_table: bool = True) -> dict[str, Path]:
     """Write ``<stem>_long.csv``, ``<stem>_raw.csv`` (per-repeat rows, if any), ``<stem>.env.json``,
     ``<stem>_wide.csv`` and ``<stem>.md`` atomically, in one schema: the column is ``flavor`` everywhere and
-    every long row has a ``unit``. ``md_df`` (default ``wide_df``) is what the markdown shows, e.g. with marks.
+    every long row has a ``unit``. ``md_df`` (default ``wide_df``) is what the markdown shows, e.g. with marks;
+    ``main_table=False`` leaves it out (the notes hold the tables).
 
     Raises:
         ValueError: ``long_df`` has rows but no ``unit`` column.
@@ -163,7 +164,8 @@ def write_tables(out_dir: str | Path, stem: str, long_df: pd.DataFrame, wide_df:
     if notes:
         md += [notes.strip(), ""]
     shown = wide_df if md_df is None else md_df.rename(columns={"flavour": "flavor"})
-    md += [markdown_table(shown, floatfmt=floatfmt, best=best)]
+    if main_table:
+        md += [markdown_table(shown, floatfmt=floatfmt, best=best)]
     if comparison is not None and not comparison.empty:
         md += ["## Paper vs ours", "", markdown_table(comparison)]
     md += [
@@ -221,271 +223,3 @@ def ci_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str 
         rows.setdefault(key[:len(index)], {})[": ".join(map(str, key[len(index):]))] = text
     out = pd.DataFrame([{**dict(zip(index, k)), **v} for k, v in rows.items()])
     return out.fillna("–")
-
-
-# ---- palette and series styles ----------------------------------------------------------------------------------
-# One colour per variant, the same in every figure (colour-blind-safe, Okabe-Ito/seaborn "colorblind"); MHA, the
-# reference, is dark grey; DAMCHA vermillion. Flavours and option rows differ by line style (lines) or hatch (bars).
-VARIANT_COLOURS = {"mha": "#4d4d4d", "tha": "#0173b2", "dcmha": "#029e73", "colmha": "#cc78bc", "mma": "#de8f05",
-                   "moa": "#ca9161", "damcha": "#d55e00"}
-EXTRA_COLOURS = ("#56b4e9", "#7f3c8d", "#e6ab02", "#e73f74", "#11a579", "#3969ac", "#80ba5a", "#008695",
-                 "#f97b72", "#a5aa99")  # registered plugins: picked by a hash of the name, so always the same one
-OTHER_COLOURS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666", "#d95f02")
-FLAVOUR_LINESTYLE = {"paper": "-", "damcha_repo": "--"}
-FLAVOUR_HATCH = {"paper": "", "damcha_repo": "///"}
-OPTION_LINESTYLE, OPTION_HATCH = ":", "..."  # rows with extra options, e.g. damcha[collapsed_generator=true]
-REFERENCE_COLOUR = "#000000"  # non-variant series beside variants (an oracle, the paper's points)
-UNSTABLE_HATCH = "xx"
-
-
-def variant_colour(name: str) -> str:
-    """The fixed colour of a variant; any other name (a plugin) gets one of EXTRA_COLOURS by a stable hash."""
-    import zlib
-
-    if name in VARIANT_COLOURS:
-        return VARIANT_COLOURS[name]
-    return EXTRA_COLOURS[zlib.crc32(name.encode()) % len(EXTRA_COLOURS)]
-
-
-def variant_palette(names: list[str] | None = None) -> dict[str, str]:
-    """{variant name: colour} for ``names`` (default: every registered attention and the seven paper methods)."""
-    if names is None:
-        from .registry import list_attentions
-
-        names = sorted(set(VARIANT_COLOURS) | set(list_attentions()))
-    return {n: variant_colour(n) for n in names}
-
-
-def _is_variant(name: str) -> bool:
-    if name in VARIANT_COLOURS:
-        return True
-    from .registry import is_attention
-
-    return is_attention(name)
-
-
-def parse_label(label: str) -> tuple[str, str, bool]:
-    """A series label -> (variant, flavour, has extra options). Labels read ``variant``, ``variant/flavour``,
-    ``variant/flavour/s0``, ``variant/flavour causal`` or ``variant[key=value]``."""
-    text = str(label)
-    head = text.split(" ", 1)[0]
-    variant = head.split("/", 1)[0].split("[", 1)[0]
-    parts = head.split("/")
-    flavour = "damcha_repo" if "damcha_repo" in parts[1:] else "paper"
-    return variant, flavour, "[" in head
-
-
-def sort_labels(labels) -> list[str]:
-    """Series labels in one order for every figure: the paper's methods in table order (MHA first, DAMCHA last),
-    then other variants by name; paper flavour before damcha_repo, option rows after; non-variant labels keep their
-    order, after the variants."""
-    order = {v: i for i, v in enumerate(VARIANT_COLOURS)}
-    labels = list(dict.fromkeys(map(str, labels)))
-
-    def key(item):
-        i, lab = item
-        v, flavour, options = parse_label(lab)
-        if not _is_variant(v):
-            return (2, 0, "", 0, 0, i)
-        return (0 if v in order else 1, order.get(v, 0), v, int(options), int(flavour != "paper"), i)
-
-    return [lab for _, lab in sorted(enumerate(labels), key=key)]
-
-
-class SeriesStyle(dict):
-    """``color``, ``linestyle``, ``hatch``, ``marker`` of one plotted series (a dict, so it unpacks into kwargs)."""
-
-    @property
-    def line(self) -> dict:
-        return {"color": self["color"], "linestyle": self["linestyle"], "marker": self["marker"]}
-
-
-def series_styles(labels) -> dict[str, SeriesStyle]:
-    """Style of every series label: variants by their fixed colour, flavour ``damcha_repo`` dashed / hatched, option
-    rows dotted; labels that name no variant get black (beside variant series) or, in a figure of non-variant series
-    (ablation rows, block scalings), OTHER_COLOURS in order."""
-    labels = list(dict.fromkeys(map(str, labels)))
-    parsed = {lab: parse_label(lab) for lab in labels}
-    variant_like = {lab for lab, (v, _, _) in parsed.items() if _is_variant(v)}
-    styles, other = {}, 0
-    for lab in labels:
-        v, flavour, options = parsed[lab]
-        if lab in variant_like:
-            styles[lab] = SeriesStyle(color=variant_colour(v),
-                                      linestyle=OPTION_LINESTYLE if options else FLAVOUR_LINESTYLE[flavour],
-                                      hatch=OPTION_HATCH if options else FLAVOUR_HATCH[flavour],
-                                      marker="s" if options else "o")
-        elif variant_like:
-            styles[lab] = SeriesStyle(color=REFERENCE_COLOUR, linestyle=":", hatch="", marker="^")
-        else:
-            styles[lab] = SeriesStyle(color=OTHER_COLOURS[other % len(OTHER_COLOURS)], linestyle="-", hatch="",
-                                      marker="o")
-            other += 1
-    return styles
-
-
-# ---- plots (seaborn, a separate step that reads the long frame) -------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    sns.set_theme(style="whitegrid", context="paper")
-    return plt, sns
-
-
-def legend_outside(ax, handles=None, labels=None, title: str | None = None) -> None:
-    """The legend to the right of the axes, outside the data."""
-    if handles is None:
-        handles, labels = ax.get_legend_handles_labels()
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
-    if handles:
-        ax.legend(handles, labels, title=title, fontsize=7, title_fontsize=7, bbox_to_anchor=(1.02, 1),
-                  loc="upper left", borderaxespad=0.0, frameon=False)
-
-
-def _patch_handles(styles: dict[str, SeriesStyle], order: list[str]) -> list:
-    from matplotlib.patches import Patch
-
-    return [Patch(facecolor=styles[k]["color"], hatch=styles[k]["hatch"], edgecolor="white", label=k) for k in order]
-
-
-def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
-             log: bool = False, errorbar=t_band, xlabel: str | None = None) -> Path:
-    """Grouped vertical bars, colour by variant, hatch by flavour; error bars = ``errorbar`` over the repeated rows
-    (default: 95 % Student-t interval over seeds)."""
-    plt, sns = _plt()
-    hue_order = sort_labels(df[hue].astype(str))
-    styles = series_styles(hue_order)
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    sns.barplot(data=df.assign(**{hue: df[hue].astype(str)}), x=x, y=y, hue=hue, hue_order=hue_order,
-                palette={k: s["color"] for k, s in styles.items()}, saturation=1.0, errorbar=errorbar, capsize=0.1,
-                err_kws={"linewidth": 1.0}, ax=ax)
-    for container, level in zip(ax.containers, hue_order):
-        for bar in container:
-            bar.set_hatch(styles[level]["hatch"])
-            bar.set_edgecolor("white")
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
-    ax.set_xlabel(xlabel if xlabel is not None else x)
-    if log:
-        ax.set_yscale("log")
-    legend_outside(ax, _patch_handles(styles, hue_order), hue_order)
-    out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
-              loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
-              panel_title: str = "{}") -> Path:
-    """One line per ``hue`` series (mean over repeated rows, e.g. seeds, with an ``errorbar`` band: default the
-    95 % Student-t interval), colour by variant, dashed for ``damcha_repo``, dotted for option rows; ``panel`` makes
-    one subplot per value (shared y); ``loglog``: log2 x, log10 y. The legend sits outside the data."""
-    plt, sns = _plt()
-    labels = sort_labels(df[hue].astype(str))
-    styles = series_styles(labels)
-    panels = list(dict.fromkeys(df[panel])) if panel else [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1.8, 3.8), squeeze=False, sharey=True)
-    data = df.assign(**{hue: df[hue].astype(str)})
-    for ax, pv in zip(axes[0], panels):
-        part = data if panel is None else data[data[panel] == pv]
-        for lab in labels:
-            sub = part[part[hue] == lab]
-            if sub.empty:
-                continue
-            sns.lineplot(data=sub, x=x, y=y, errorbar=errorbar, label=lab, ax=ax, markersize=4, **styles[lab].line)
-        if panel is not None:
-            ax.set_title(panel_title.format(pv), fontsize=9)
-        ax.set_xlabel(xlabel if xlabel is not None else x)
-        ax.set_ylabel(ylabel)
-        if loglog:
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    handles, names = {}, []
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in handles:
-                handles[lab] = h
-                names.append(lab)
-    legend_outside(axes[0][-1], [handles[n] for n in names], names)
-    fig.suptitle(title, fontsize=10)
-    out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xlabel: str, panel: str | None = None,
-              flag: str | None = None, lo: str | None = None, hi: str | None = None, log: bool = False,
-              panel_title: str = "{}") -> Path:
-    """Horizontal bars, one per ``y`` label (variant/flavour rows: readable with many long labels), colour by
-    variant, hatch by flavour; ``panel`` gives one subplot per value (same unit, shared rows); ``lo``/``hi``
-    columns draw error bars (e.g. q25/q75); bars whose boolean column ``flag`` is true (``unstable`` timings) are
-    faded and cross-hatched."""
-    plt, _ = _plt()
-    order = sort_labels(df[y].astype(str))
-    styles = series_styles(order)
-    panels = list(dict.fromkeys(df[panel])) if panel else [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 2.6, 1.2 + 0.28 * len(order)),
-                             squeeze=False, sharey=True)
-    pos = {lab: i for i, lab in enumerate(order)}
-    any_flag = False
-    for ax, pv in zip(axes[0], panels):
-        part = df if panel is None else df[df[panel] == pv]
-        for _, r in part.iterrows():
-            lab = str(r[y])
-            flagged = flag is not None and flag in part and str(r[flag]).lower() == "true"
-            any_flag |= flagged
-            s = styles[lab]
-            xerr = None
-            if lo and hi and pd.notna(r.get(lo)) and pd.notna(r.get(hi)):
-                xerr = [[max(0.0, r[x] - r[lo])], [max(0.0, r[hi] - r[x])]]
-            ax.barh(pos[lab], r[x], color=s["color"], hatch=UNSTABLE_HATCH if flagged else s["hatch"],
-                    alpha=0.45 if flagged else 1.0, edgecolor="white", xerr=xerr,
-                    error_kw={"elinewidth": 1.0, "capsize": 2, "ecolor": "black"})
-        ax.set_yticks(range(len(order)), order, fontsize=7)
-        ax.set_xlabel(xlabel)
-        if panel is not None:
-            ax.set_title(panel_title.format(pv), fontsize=9)
-        if log:
-            ax.set_xscale("log")
-    axes[0][0].invert_yaxis()  # first row on top (the axes share y)
-    from matplotlib.patches import Patch
-
-    key = [Patch(facecolor="#bbbbbb", edgecolor="white", label="paper flavour"),
-           Patch(facecolor="#bbbbbb", hatch=FLAVOUR_HATCH["damcha_repo"], edgecolor="white",
-                 label="damcha_repo flavour")]
-    if any(parse_label(lab)[2] for lab in order):
-        key.append(Patch(facecolor="#bbbbbb", hatch=OPTION_HATCH, edgecolor="white", label="extra options"))
-    if any_flag:
-        key.append(Patch(facecolor="#bbbbbb", hatch=UNSTABLE_HATCH, alpha=0.45, edgecolor="white",
-                         label="unstable timing (faded)"))
-    if lo and hi:
-        key.append(Patch(facecolor="none", edgecolor="none", label="error bars: q25–q75"))
-    legend_outside(axes[0][-1], key, [k.get_label() for k in key])
-    fig.suptitle(title, fontsize=10)
-    out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False) -> None:
-    """One Gaussian KDE per ``hue`` series (each normalised on its own), colour by variant, dashed for
-    ``damcha_repo``; a non-negative score's density is bounded at 0 (``clip=(0, None)``, no mass drawn below)."""
-    _, sns = _plt()
-    labels = sort_labels(df[hue].astype(str))
-    styles = series_styles(labels)
-    for lab in labels:
-        vals = df.loc[df[hue].astype(str) == lab, x].dropna()
-        if len(vals) < 2:
-            continue
-        sns.kdeplot(x=vals.to_numpy(float), ax=ax, color=styles[lab]["color"], linestyle=styles[lab]["linestyle"],
-                    label=lab, warn_singular=False, clip=(0.0, None) if non_negative else None,
-                    cut=0 if non_negative else 3)
-    if non_negative:
-        ax.set_xlim(left=0.0)

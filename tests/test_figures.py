@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from attention_zoo import report  # noqa: E402
+from attention_zoo import plots, report  # noqa: E402
 from attention_zoo.experiments import table2_efficiency, table7_complexity  # noqa: E402
 from attention_zoo.registry import list_attentions  # noqa: E402
 
@@ -27,8 +27,8 @@ def figures(monkeypatch):
         saved[str(path).rsplit("/", 1)[-1]] = fig
         return path
 
-    monkeypatch.setattr(report, "atomic_savefig", keep)
-    monkeypatch.setattr(table2_efficiency, "barh_plot", report.barh_plot)
+    monkeypatch.setattr(plots, "atomic_savefig", keep)
+    monkeypatch.setattr(table2_efficiency, "barh_plot", plots.barh_plot)
     yield saved
     plt.close("all")
 
@@ -38,25 +38,25 @@ def _lines(fig) -> dict[str, object]:
 
 
 def test_palette_is_fixed_distinct_and_covers_every_registered_variant():
-    pal = report.variant_palette()
+    pal = plots.variant_palette()
     assert set(PAPER_METHODS) <= set(pal) and set(list_attentions()) <= set(pal)
     assert len({pal[v] for v in PAPER_METHODS}) == len(PAPER_METHODS)
-    assert report.variant_palette(["damcha"]) == {"damcha": report.VARIANT_COLOURS["damcha"]}
+    assert plots.variant_palette(["damcha"]) == {"damcha": plots.VARIANT_COLOURS["damcha"]}
     # a plugin's colour is deterministic (a hash of its name), never one of the seven methods'
-    assert report.variant_colour("mine") == report.variant_colour("mine")
-    assert report.variant_colour("mine") not in report.VARIANT_COLOURS.values()
+    assert plots.variant_colour("mine") == plots.variant_colour("mine")
+    assert plots.variant_colour("mine") not in plots.VARIANT_COLOURS.values()
 
 
 def test_series_styles_parse_labels_flavours_and_options():
-    s = report.series_styles(["damcha/paper", "tha/damcha_repo/s1", "damcha[collapsed_generator=true]",
+    s = plots.series_styles(["damcha/paper", "tha/damcha_repo/s1", "damcha[collapsed_generator=true]",
                               "mha/paper causal", "oracle (knows R)"])
     assert s["damcha/paper"]["color"] == s["damcha[collapsed_generator=true]"]["color"] == "#d55e00"
     assert s["tha/damcha_repo/s1"]["linestyle"] == "--" and s["tha/damcha_repo/s1"]["hatch"]
     assert s["damcha/paper"]["linestyle"] == "-" and not s["damcha/paper"]["hatch"]
     assert s["damcha[collapsed_generator=true]"]["linestyle"] == ":"
-    assert s["mha/paper causal"]["color"] == report.VARIANT_COLOURS["mha"]
-    assert s["oracle (knows R)"]["color"] == report.REFERENCE_COLOUR  # a reference beside the variants
-    other = report.series_styles(["full", "diag_only"])  # no variants: a qualitative palette
+    assert s["mha/paper causal"]["color"] == plots.VARIANT_COLOURS["mha"]
+    assert s["oracle (knows R)"]["color"] == plots.REFERENCE_COLOUR  # a reference beside the variants
+    other = plots.series_styles(["full", "diag_only"])  # no variants: a qualitative palette
     assert other["full"]["color"] != other["diag_only"]["color"]
 
 
@@ -66,8 +66,8 @@ def test_same_colour_for_a_variant_across_figures_and_dashed_damcha_repo(figures
                       for x in (1, 2, 3) for s in seeds])
     b = pd.DataFrame([{"label": lab, "x": x, "y": x * s} for lab in ("damcha/paper", "moa/paper", "moa/damcha_repo")
                       for x in (1, 2) for s in seeds])
-    report.line_plot(a, "x", "y", "label", tmp_path / "a.png", "A", "y (units)")
-    report.line_plot(b, "x", "y", "label", tmp_path / "b.png", "B", "y (units)")
+    plots.line_plot(a, "x", "y", "label", tmp_path / "a.png", "A", "y (units)")
+    plots.line_plot(b, "x", "y", "label", tmp_path / "b.png", "B", "y (units)")
     la, lb = _lines(figures["a.png"]), _lines(figures["b.png"])
     assert to_hex(la["damcha/paper"].get_color()) == to_hex(lb["damcha/paper"].get_color()) == "#d55e00"
     assert la["tha/damcha_repo"].get_linestyle() == "--" and lb["moa/damcha_repo"].get_linestyle() == "--"
@@ -84,13 +84,13 @@ def test_bar_plot_colours_by_variant_and_hatches_damcha_repo(figures, tmp_path):
     df = pd.DataFrame([{"dataset": d, "label": lab, "value": v + s} for d in ("digits", "concepts")
                        for lab, v in (("damcha/paper", 1.0), ("dcmha/damcha_repo", 2.0), ("dcmha/paper", 3.0))
                        for s in range(3)])
-    report.bar_plot(df, "dataset", "value", "label", tmp_path / "bars.png", "T", "FID (units)")
+    plots.bar_plot(df, "dataset", "value", "label", tmp_path / "bars.png", "T", "FID (units)")
     ax = figures["bars.png"].axes[0]
-    order = report.sort_labels(["damcha/paper", "dcmha/damcha_repo", "dcmha/paper"])
+    order = plots.sort_labels(["damcha/paper", "dcmha/damcha_repo", "dcmha/paper"])
     assert order == ["dcmha/paper", "dcmha/damcha_repo", "damcha/paper"]  # table order, paper flavour first
     by_label = dict(zip(order, ax.containers))
     assert all(to_hex(b.get_facecolor()) == "#d55e00" for b in by_label["damcha/paper"])
-    assert all(b.get_hatch() == report.FLAVOUR_HATCH["damcha_repo"] for b in by_label["dcmha/damcha_repo"])
+    assert all(b.get_hatch() == plots.FLAVOUR_HATCH["damcha_repo"] for b in by_label["dcmha/damcha_repo"])
     assert all(not b.get_hatch() for b in by_label["dcmha/paper"])
     assert len(ax.get_lines()) >= 6  # an error bar per bar (95 % t-interval over the 3 seeds)
 
@@ -113,7 +113,7 @@ def test_table2_gflop_and_gmac_never_share_an_axis_and_bars_keep_variant_colours
     lat = figures["table2_efficiency_latency_cifar-10.png"].axes[0]
     bars = {lat.get_yticklabels()[round(b.get_y() + b.get_height() / 2)].get_text(): b for b in lat.patches}
     assert to_hex(bars["damcha/paper"].get_facecolor()) == "#d55e00"
-    assert bars["tha/damcha_repo"].get_hatch() == report.UNSTABLE_HATCH  # unstable: faded, cross-hatched
+    assert bars["tha/damcha_repo"].get_hatch() == plots.UNSTABLE_HATCH  # unstable: faded, cross-hatched
     assert bars["tha/damcha_repo"].get_alpha() < 1
 
 
@@ -137,8 +137,8 @@ def test_kde_of_non_negative_scores_is_bounded_at_zero():
     df = pd.DataFrame({"mse": np.concatenate([rng.exponential(0.05, 200), rng.exponential(0.08, 200)]),
                        "label": ["mha/paper"] * 200 + ["dcmha/damcha_repo"] * 200})
     fig, (bounded, free) = plt.subplots(1, 2)
-    report.kde_plot(bounded, df, "mse", "label", non_negative=True)
-    report.kde_plot(free, df, "mse", "label", non_negative=False)
+    plots.kde_plot(bounded, df, "mse", "label", non_negative=True)
+    plots.kde_plot(free, df, "mse", "label", non_negative=False)
     assert min(ln.get_xdata().min() for ln in bounded.get_lines()) >= 0.0
     assert min(ln.get_xdata().min() for ln in free.get_lines()) < 0.0  # an unbounded KDE would leak below 0
     styles = {ln.get_label(): ln.get_linestyle() for ln in bounded.get_lines()}

@@ -18,7 +18,7 @@ EXTRA_OPTIONS = {
         {"compact_rank": 2, "use_layer_bias": True, "layer_bias_rank": 2},
     ],
 }
-CASES = [(n, f, {}) for n in zoo.list_attentions() for f in get_attention_spec(n).flavors]
+CASES = [(n, f, {}) for n in zoo.list_attentions(include_controls=True) for f in get_attention_spec(n).flavors]
 CASES += [(n, "paper", opts) for n, extra in EXTRA_OPTIONS.items() for opts in extra]
 PAIRS = [(n, (f, opts)) for n, f, opts in CASES]
 IDS = [f"{n}-{f}" + "".join(f"-{k}={v}" for k, v in opts.items()) for n, f, opts in CASES]
@@ -210,7 +210,7 @@ def test_bad_inputs_raise_value_error_naming_the_argument(case):
     assert str(err.value).startswith(f"{arg}:") or f"{arg}:" in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("name", zoo.list_attentions())
+@pytest.mark.parametrize("name", zoo.list_attentions(include_controls=True))
 def test_bad_inputs_every_variant(name):
     attn = zoo.create_attention(name, d_model=D, n_heads=H)
     with pytest.raises(ValueError, match="^x:"):

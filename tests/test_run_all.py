@@ -25,7 +25,7 @@ def test_smoke_preset_covers_the_paper():
         assert "--variants" not in args or args[args.index("--variants") + 1] == "*"
     from attention_zoo.experiments.synthetic import PRESETS, build_parser
 
-    assert PRESETS["smoke"].lambdas == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert PRESETS["smoke"].lambdas == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with λ = 0.2
     assert PRESETS["smoke"].des == (4, 8, 12, 16, 20)
     assert len(build_parser().parse_args([]).seeds) >= 5
     cmd = script_command("appendix_e_kde", "smoke", "cpu", Path("somewhere"))

@@ -135,7 +135,7 @@ def test_cli_tiny_sweep_writes_outputs_and_skips_finished_cells(tmp_path, capsys
     assert first.returncode == 0, first.stderr
     assert "12 cells (12 run now" in first.stdout
     for name in ("synthetic_long.csv", "synthetic_wide.csv", "synthetic.md", "synthetic_gains.csv",
-                 "synthetic.env.json", "figure12_mse.png", "figure12_gain.png", "figure13_accuracy.png"):
+                 "synthetic.env.json", "figure12_r2.png", "figure12_gain.png", "figure13_accuracy.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     long = pd.read_csv(tmp_path / "synthetic_long.csv")
     assert set(long["variant"]) == {"mha", "tha"} and set(long["seed"]) == {0, 1}

@@ -9,13 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attention_zoo.experiments.table7_complexity import (
-    NAME,
-    complexity_numbers,
-    fit_slopes,
-    generator_cost,
-    params_frame,
-)
+from attention_zoo.experiments.table7_complexity import NAME, fit_slopes
+from attention_zoo.measure.complexity import complexity_numbers, generator_cost, params_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import report
+from .. import plots, report
 from ..envinfo import environment_record
 from ..io import atomic_savefig
 from ..metrics.topk import read_per_sample
@@ -104,18 +104,18 @@ def score_stats(df: pd.DataFrame) -> pd.DataFrame:
 def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
     """One panel per score: a KDE per variant/flavour (its fixed colour, damcha_repo dashed), seeds pooled;
     non-negative scores (MSE, feature distance, NLL) are bounded at 0. One legend, outside the data."""
-    plt, _ = report._plt()
+    plt, _ = plots._plt()
     scores = [s for s in SCORES if s in df and df[s].notna().any()]
     fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores) + 1.8, 3.6), squeeze=False)
     for ax, s in zip(axes[0], scores):
-        report.kde_plot(ax, df.dropna(subset=[s]).sort_values("label", kind="stable"), s, "label",
+        plots.kde_plot(ax, df.dropna(subset=[s]).sort_values("label", kind="stable"), s, "label",
                         non_negative=s in NON_NEGATIVE)
         ax.set_title(f"{s} ({SCORES[s]} is better)", fontsize=9)
         ax.set_xlabel(f"{s} ({SCORE_UNITS[s]})")
         ax.set_ylabel("density (per variant)")
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-    report.legend_outside(axes[0][-1], *axes[0][0].get_legend_handles_labels())
+    plots.legend_outside(axes[0][-1], *axes[0][0].get_legend_handles_labels())
     fig.suptitle(f"App. E: per-sample score densities ({dataset}, n = {len(df)} samples)", fontsize=10)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)

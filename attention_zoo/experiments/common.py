@@ -25,23 +25,26 @@ PRESETS = ("smoke", "paper")
 
 
 def base_parser(name: str, description: str, default_seeds: list[int] | None = None, *, seeds: bool = True,
-                variants: bool = True) -> argparse.ArgumentParser:
+                variants: bool = True, presets: tuple[str, ...] = PRESETS) -> argparse.ArgumentParser:
     """Parser with the flags every reproduce script shares: device, preset, out, seeds, variants, flavour.
 
     ``seeds=False`` / ``variants=False`` leave out ``--seeds`` / ``--variants`` and ``--flavour`` for scripts that
-    do not use them.
+    do not use them; ``presets``: the script's preset names (smoke and paper, and e.g. decide).
     """
     p = argparse.ArgumentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
-    p.add_argument("--preset", choices=PRESETS, default="smoke",
-                   help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration")
+    p.add_argument("--preset", choices=presets, default="smoke",
+                   help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration"
+                        + ("; decide: trained to a plateau with enough seeds to decide the claims on a CPU"
+                           if "decide" in presets else ""))
     p.add_argument("--out", type=Path, default=Path("results") / name, help="output directory")
     if seeds:
         p.add_argument("--seeds", type=seed_int, nargs="+", default=default_seeds or [0],
                        help="random seeds, each in 0 … 2**32 − 1")
     if variants:
         p.add_argument("--variants", "--attn", dest="variants", default="*",
-                       help="comma-separated variant names or fnmatch wildcards; * is every registered variant")
+                       help="comma-separated variant names or fnmatch wildcards; * is every registered variant; "
+                            "control arms by name or all of them as `controls` (docs/claims.md)")
         p.add_argument("--flavour", "--flavor", dest="flavour", choices=("paper", "damcha_repo", "both"),
                        default="both", help="baseline flavour: the published method, the DAMCHA authors' version, "
                                             "or both")

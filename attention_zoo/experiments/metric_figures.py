@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..io import atomic_savefig
-from ..report import _plt
+from ..plots import _plt
 from ..variants.damcha import block_gradient_norms, explicit_rowsum, metric_generators
 
 __all__ = ["block_gradient_norms", "explicit_rowsum", "gradient_grid_plot", "metric_generators", "metric_heatmaps"]

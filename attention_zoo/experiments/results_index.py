@@ -134,7 +134,7 @@ SECTIONS = (
     Section("Table 7", "complexity and measured scaling", "table7_complexity", "table7_complexity.md",
             ("table7_complexity_*_vs_seq_len.png", "table7_complexity_*_vs_d_model.png")),
     Section("Figure 12", "synthetic regression, test MSE vs λ", "synthetic", "synthetic.md",
-            ("figure12_mse.png", "figure12_gain.png")),
+            ("figure12_r2.png", "figure12_gain.png")),
     Section("Figure 13", "synthetic classification, accuracy vs d_e", "synthetic", "synthetic.md",
             ("figure13_accuracy.png", "figure13_gain.png")),
     Section("Appendix E", "distributions of per-sample scores (KDEs)", "appendix_e_kde", "appendix_e_kde.md",

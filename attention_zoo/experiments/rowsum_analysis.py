@@ -28,8 +28,9 @@ from ..data.text import WindowSampler, load_char_corpus
 from ..envinfo import environment_record, resolve_device
 from ..measure import build_workload, count_params, measure_memory, measure_model_latency, workload_spec
 from ..models import Decoder
+from ..plots import line_plot
 from ..registry import create_attention
-from ..report import line_plot, markdown_table, write_tables
+from ..report import markdown_table, write_tables
 from ..results import ResultStore
 from ..variants.damcha import metric_generator, set_block_scales
 from ..variants.damcha_generator import adam_param_groups

@@ -1,7 +1,10 @@
-"""Statistics, tables and figures of the synthetic sweeps (Appendix I, Figures 12–13).
+"""Tables, figures and verdicts of the synthetic sweeps (Appendix I, Figures 12–13).
 
 Gains over MHA are paired by seed: regression (MSE_MHA − MSE_v)/MSE_MHA in %, classification accuracy difference in
-points, each with a 95 % Student-t interval across seeds (``t_interval``).
+points, each with a 95 % Student-t interval across seeds. Calibration beside every number: the trivial predictor
+(the training mean; the majority class) and the oracle (the noise floor; the observer who knows every rotation),
+with R² = 1 − MSE/Var(y) and normalised accuracy (acc − chance)/(oracle − chance). The verdicts on the paper's
+claims come from ``attention_zoo.claims`` on this store's rows.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import report
-from ..io import atomic_savefig, atomic_write_csv
+from .. import plots, report
+from ..claims import CLAIMS, decide, verdict_lines, verdict_markdown
+from ..claims.data import StoreRows
+from ..claims.stats import t_interval
+from ..io import atomic_write_csv
 from ..results import ResultStore
 
 NAME = "synthetic"
@@ -21,26 +27,25 @@ REFERENCE = "mha"
 PAPER_METHOD = "damcha"
 PAPER_GAIN = {0.2: -1.7, 1.0: 4.8}  # Fig. 12: DAMCHA's relative MSE gain over MHA, % [Q]
 METRIC = {"regression": "test_mse", "classification": "test_acc"}
+_t_band = report.t_band
+
+__all__ = ["METRIC", "NAME", "paired_gains", "print_summary", "summarize", "t_interval", "write_report"]
 
 
 # ---- statistics ---------------------------------------------------------------------------------------------
-t_interval = report.t_interval  # (mean, low, high): 95 % Student-t interval across seeds
-_t_band = report.t_band  # seaborn errorbar callable
-
-
-# ---- report -------------------------------------------------------------------------------------------------
 def _setting(df: pd.DataFrame) -> pd.Series:
     return df["lam"].where(df["task"] == "regression", df["d_e"]).astype(float)
 
 
-def paired_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """Per seed, every variant vs MHA on the same data: regression (MSE_MHA − MSE_v)/MSE_MHA in %,
-    classification (acc_v − acc_MHA) in points."""
-    ok = df[(df["status"] == "ok") & df["metric"].isin(list(METRIC.values()))].copy()
+def paired_gains(df: pd.DataFrame, suffix: str = "", extra_keys: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Per seed, every arm vs MHA on the same data: regression (MSE_MHA − MSE_v)/MSE_MHA in %, classification
+    (acc_v − acc_MHA) in points. ``suffix`` "@budget" pairs the budget rows (key ``budget``)."""
+    wanted = [m + suffix for m in METRIC.values()]
+    ok = df[(df["status"] == "ok") & df["metric"].isin(wanted)].copy()
     if ok.empty:
         return pd.DataFrame()
     ok["setting"] = _setting(ok)
-    keys = ["task", "setting", "seed"]
+    keys = ["task", "setting", "seed", *extra_keys]
     ref = ok[(ok["variant"] == REFERENCE) & (ok["flavor"] == "paper")][keys + ["value"]].rename(
         columns={"value": "ref"})
     pair = ok[ok["variant"] != REFERENCE].merge(ref, on=keys)
@@ -62,167 +67,229 @@ def summarize(df: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gain_plot(df: pd.DataFrame, x: str, path: Path, title: str, xlabel: str, ylabel: str,
-              paper_points: dict | None = None) -> Path:
-    """Gain vs MHA with 95 % t-interval bands (colour by variant, dashed for damcha_repo); zero line; the paper's
-    points as black stars; legend outside the data."""
-    plt, sns = report._plt()
-    labels = report.sort_labels(df["label"].astype(str))
-    styles = report.series_styles(labels)
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    for lab in labels:
-        sns.lineplot(data=df[df["label"] == lab], x=x, y="gain", errorbar=_t_band, label=lab, ax=ax, markersize=4,
-                     **styles[lab].line)
-    ax.axhline(0.0, color="black", lw=0.8)
-    if paper_points:
-        ax.scatter(list(paper_points), list(paper_points.values()), marker="*", s=160, color="black", zorder=5,
-                   label=f"paper: {PAPER_METHOD}")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    report.legend_outside(ax)
-    out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
+def _metric(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    m = df[(df["status"] == "ok") & (df["metric"] == metric)].copy()
+    if not m.empty:
+        m["setting"] = _setting(m)
+        m["label"] = m["variant"] + "/" + m["flavor"]
+    return m
+
+
+def _ci_text(g: pd.Series, fmt: str) -> str:
+    mean, lo, hi = t_interval(g)
+    if math.isnan(mean):
+        return "–"
+    ci = f" [{lo:{fmt}}, {hi:{fmt}}]" if math.isfinite(lo) else ""
+    return f"{mean:{fmt}}{ci} (n={g.notna().sum()})"
+
+
+def ci_wide(df: pd.DataFrame, value: str, col_name: str, fmt: str) -> pd.DataFrame:
+    """Rows arm, columns setting: "mean [95 % CI] (n)"."""
+    if df.empty:
+        return pd.DataFrame()
+    wide = df.groupby(["label", "setting"])[value].apply(lambda g: _ci_text(g, fmt)).unstack("setting")
+    wide.columns = [f"{col_name}={c:g}" for c in wide.columns]
+    order = plots.sort_labels(wide.index)
+    return wide.loc[order].reset_index().rename(columns={"label": "arm"})
+
+
+def calibration(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task and setting: the trivial predictor's and the oracle's scores (means over seeds)."""
+    rows = []
+    for task, metrics in (("regression", ("trivial_mse", "oracle_mse")),
+                          ("classification", ("chance_acc", "oracle_test_acc"))):
+        for metric in metrics:
+            m = _metric(df[df["task"] == task], metric)
+            if not m.empty:
+                m = m.drop_duplicates(["setting", "seed"])
+                rows += [{"task": task, "setting": s, "metric": metric, "mean": g["value"].mean(), "n": len(g)}
+                         for s, g in m.groupby("setting")]
+    return pd.DataFrame(rows)
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+def store_verdicts(store: ResultStore, df: pd.DataFrame, preset: str):
+    """The verdicts of this experiment's claims from this context's rows."""
+    runs = sorted(set(df["run_id"])) if "run_id" in df else []
+    rows = StoreRows(df, store.path, store.context_id, runs, [])
+    return decide({(NAME, preset): rows}, tuple(c for c in CLAIMS if c.experiment == NAME))
+
+
+def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> dict:
+    """Tables and figures of every cell of this context (the whole store for it, whoever ran which cells)."""
+    df = store.frame()
+    if df.empty:
+        return {"verdicts": [], "comparison": pd.DataFrame()}
+    df = df[df["config"] == tag].copy()
+    df["label"] = df["variant"] + "/" + df["flavor"]
+    preset = str(env.get("preset") or tag.split("/")[0])
+    gains = paired_gains(df)
+    verdicts = store_verdicts(store, df, preset)
+    summary = summarize(gains, ["task", "setting", "variant", "flavor", "unit"], "gain") if not gains.empty else gains
+    atomic_write_csv(summary, out / f"{NAME}_gains.csv")
+    comp = paper_comparison(gains)
+    seeds, cpu = df["seed"].nunique(), _metric(df, "train_cpu_s")["value"].sum()
+    per_cell = cpu / max(1, len(_metric(df, "train_cpu_s")))
+    paths = sorted(set(df["path"].dropna())) if "path" in df else []
+    head = (f"Preset `{preset}`, configuration `{tag}` (layers, sequence length, training sequences, maximum steps, "
+            f"batch, lr, early stopping every × patience); {seeds} seeds per arm; device {env.get('device_name')} "
+            f"({env.get('device')}); training {cpu:,.0f} CPU-s in all ({per_cell:.1f} s per cell); training path: "
+            f"{', '.join(paths) or '–'}. Regression: test MSE on noisy targets (floor σ² "
+            "= 0.01), R² = 1 − MSE/Var(y); classification: accuracy over 6 balanced classes, normalised "
+            "(acc − chance)/(oracle − chance). Gains are paired by seed against MHA with 95 % Student-t intervals. "
+            "Generators: attention_zoo/data/synthetic.py (the paper gives none); controls: docs/claims.md.")
+    notes = [head, "## Verdicts on the paper's claims (Figures 12–13)", "", verdict_markdown(verdicts)]
+    notes += _section_tables(df, gains)
+    bad = df[df["status"] != "ok"]
+    if not bad.empty:
+        notes += ["Non-ok cells: " + "; ".join(f"{r.task}/{r.label}/seed {r.seed}: {r.status} {r.message}"
+                                               for r in bad.drop_duplicates(['task', 'label', 'seed']).itertuples())]
+    wide = ci_wide(_metric(df, "test_mse"), "value", "λ", ".4f")
+    report.write_tables(out, NAME, df, wide, store.environment(env, df), "Appendix I, Figures 12–13: synthetic sweeps",
+                        "\n\n".join(notes), comparison=comp, main_table=False)
+    _figures(out, df, gains, preset, seeds, env)
+    return {"verdicts": verdicts, "comparison": comp}
+
+
+def _section_tables(df: pd.DataFrame, gains: pd.DataFrame) -> list[str]:
+    out = []
+    cal = calibration(df)
+    for task, name, metric, extra, xcol in (("regression", "Figure 12: regression", "test_mse", "test_r2", "λ"),
+                                            ("classification", "Figure 13: classification", "test_acc",
+                                             "test_acc_norm", "d_e")):
+        sub = df[df["task"] == task]
+        if sub.empty:
+            continue
+        g = gains[gains["task"] == task] if not gains.empty else gains
+        unit = "% MSE reduction" if task == "regression" else "accuracy points"
+        out += [f"## {name}", "", f"### Gain over MHA ({unit}), seed-paired, mean [95 % CI] (n)", "",
+                report.markdown_table(ci_wide(g, "gain", xcol, "+.2f"))]
+        out += [f"### {metric} (mean [95 % CI] (n))", "", report.markdown_table(ci_wide(_metric(sub, metric),
+                                                                                           "value", xcol, ".4f"))]
+        out += [f"### {extra} (mean [95 % CI] (n))", "", report.markdown_table(ci_wide(_metric(sub, extra), "value",
+                                                                                          xcol, ".3f"))]
+        c = cal[cal["task"] == task] if not cal.empty else cal
+        if not c.empty:
+            c = c.pivot_table(index="metric", columns="setting", values="mean").reset_index()
+            c.columns = [str(x) if x == "metric" else f"{xcol}={x:g}" for x in c.columns]
+            out += ["### Calibration: the trivial predictor and the oracle (means over seeds)", "",
+                    report.markdown_table(c)]
+        bud = paired_gains(sub, "@budget", ("budget",))
+        if not bud.empty:
+            bud = bud.assign(label=bud["label"] + f" @{xcol}=" + bud["setting"].map("{:g}".format))
+            bud["setting"] = bud["budget"]
+            out += [f"### Gain over MHA at fractions of the maximum steps ({unit}; the best validation checkpoint "
+                    "within each budget)", "", report.markdown_table(ci_wide(bud, "gain", "budget", "+.2f"))]
+    out += ["## Parameters, training FLOPs and cost per arm (means over cells)", "", report.markdown_table(_costs(df))]
     return out
 
 
-def _by_column(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok metric rows with ``column`` = "λ=… test MSE" (regression first) or "d_e=… test acc", in order."""
-    ok = df[(df["status"] == "ok") & df["metric"].isin(list(METRIC.values()))].copy()
-    if ok.empty:
-        return ok
-    ok["setting"] = _setting(ok)
-    ok = ok.assign(order=(ok["task"] == "classification").astype(int)).sort_values(["order", "setting"])
-    ok["column"] = np.where(ok["task"] == "regression", "λ=" + ok["setting"].map("{:g}".format) + " test MSE",
-                            "d_e=" + ok["setting"].map("{:g}".format) + " test acc")
-    return ok
+def _costs(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    first = df.drop_duplicates(["task", "d_e", "label"])
+    for (task, d_e, label), _ in first.groupby(["task", "d_e", "label"], sort=False):
+        sub = df[(df["task"] == task) & (df["d_e"] == d_e) & (df["label"] == label)]
+
+        def mean(metric, sub=sub):
+            v = sub.loc[sub["metric"] == metric, "value"]
+            return float(v.mean()) if len(v) else math.nan
+
+        p = sub.dropna(subset=["params"]).iloc[0] if sub["params"].notna().any() else None
+        rows.append({"task": task, "D": 4 * int(d_e), "arm": label,
+                     "params (total)": int(p["params"]) if p is not None else None,
+                     "params (attention)": int(p["attention_params"]) if p is not None else None,
+                     "training GFLOP": mean("train_flops") / 1e9, "steps run": mean("steps_run"),
+                     "CPU s per cell": mean("train_cpu_s")})
+    out = pd.DataFrame(rows)
+    return out.sort_values(["task", "D"], kind="stable") if not out.empty else out
 
 
-def _wide(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows variant/flavour; columns λ=… (test MSE) then d_e=… (test accuracy), seed means."""
-    ok = _by_column(df)
-    if ok.empty:
-        return pd.DataFrame()
-    wide = ok.groupby(["variant", "flavor", "column"], sort=False)["value"].mean().unstack("column")
-    return wide[list(dict.fromkeys(ok["column"]))].reset_index()
-
-
-def _ci_wide(df: pd.DataFrame) -> pd.DataFrame:
-    """Like ``_wide`` but "mean [low, high] (n)": the 95 % Student-t interval over seeds."""
-    ok = _by_column(df)
-    if ok.empty:
-        return pd.DataFrame()
-    ci = report.ci_table(ok, ["variant", "flavor"], ["column"], floatfmt=".3g")
-    return ci[["variant", "flavor", *[c for c in dict.fromkeys(ok["column"]) if c in ci]]]
-
-
-def _params_table(df: pd.DataFrame) -> pd.DataFrame:
-    p = df[df["metric"].isin(list(METRIC.values()))].drop_duplicates(["variant", "flavor", "task", "d_e"]).copy()
-    p["column"] = np.where(p["task"] == "regression", "regression D=", "classification D=") + (4 * p["d_e"]).map(str)
-    p["text"] = p["params"].map("{:,.0f}".format) + " (attn " + p["attention_params"].map("{:,.0f}".format) + ")"
-    wide = p.pivot_table(index=["variant", "flavor"], columns="column", values="text", aggfunc="first", sort=False)
-    return wide.sort_index().reset_index()
-
-
-def _slope(g: pd.DataFrame) -> float:
-    """Accuracy change per unit d_e (points), least squares over seed means."""
-    m = g.groupby("d_e")["value"].mean()
-    return float(np.polyfit(m.index.astype(float), 100 * m.values, 1)[0]) if len(m) > 1 else math.nan
-
-
-def paper_comparison(df: pd.DataFrame, gains: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(numeric paper | ours | delta rows for Fig. 12, qualitative statement rows for Fig. 13)."""
+def paper_comparison(gains: pd.DataFrame) -> pd.DataFrame:
+    """paper | ours | delta for Fig. 12's two quoted gains (the paper's task with our generators)."""
     mine = gains[gains["variant"] == PAPER_METHOD] if not gains.empty else pd.DataFrame(columns=["task", "setting"])
     entries = []
     for lam, paper in PAPER_GAIN.items():
         sel = mine[(mine["task"] == "regression") & np.isclose(mine["setting"].astype(float), lam)]
         mean, lo, hi = t_interval(sel["gain"]) if not sel.empty else (math.nan,) * 3
-        entries.append({"what": f"Fig. 12: {PAPER_METHOD} vs {REFERENCE} MSE gain at λ={lam:g} (%)", "paper": paper,
-                        "ours": mean, "note": f"95% CI [{lo:.2f}, {hi:.2f}], {len(sel)} seeds" if len(sel) else
-                        f"not run (λ={lam:g} is not in this sweep)"})
-    acc = df[(df["status"] == "ok") & (df["metric"] == "test_acc")]
-    cls = mine[mine["task"] == "classification"]
-    if cls.empty:
-        why = "no classification cells (--de)" if acc.empty else f"needs {PAPER_METHOD} and {REFERENCE}"
-        return report.comparison_frame(entries), pd.DataFrame([{
-            "statement": f"Fig. 13: {PAPER_METHOD} leads {REFERENCE} at every d_e, degrading more slowly",
-            "paper": "yes", "ours": f"not run ({why})"}])
-    per = summarize(cls, ["setting"], "gain")
-    detail = ", ".join(f"d_e={r.setting:g}: {r.mean:+.1f} [{r.ci95_low:+.1f}, {r.ci95_high:+.1f}]"
-                       for r in per.itertuples())
-    s_ref, s_new = (_slope(acc[acc["variant"] == v]) for v in (REFERENCE, PAPER_METHOD))
-    statements = [
-        {"statement": f"{PAPER_METHOD} leads {REFERENCE} at every d_e", "paper": "yes",
-         "ours": f"leads at {(per['mean'] > 0).sum()}/{len(per)} d_e (points, 95% CI): {detail}"},
-        {"statement": "both degrade as d_e grows", "paper": "yes",
-         "ours": f"accuracy slope {REFERENCE} {s_ref:+.2f}, {PAPER_METHOD} {s_new:+.2f} points per unit d_e"},
-        {"statement": f"{PAPER_METHOD} degrades more slowly", "paper": "yes", "ours": "yes" if s_new > s_ref else "no"},
-    ]
-    return report.comparison_frame(entries), pd.DataFrame(statements)
+        entries.append({"what": f"Fig. 12: {PAPER_METHOD} vs {REFERENCE}/paper MSE gain at λ={lam:g} (%)",
+                        "paper": paper, "ours": mean,
+                        "note": f"95% CI [{lo:.2f}, {hi:.2f}], {len(sel)} seeds" if len(sel) else "not run"})
+    return report.comparison_frame(entries)
 
 
-def write_report(out: Path, store: ResultStore, env: dict, tag: str, cells: list[dict] | None = None
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tables and figures of this context's cells (``cells``: only those; default: every cell of this context)."""
-    df = store.frame(cells)
-    if df.empty:
-        return pd.DataFrame(), pd.DataFrame()
-    df = df[df["config"] == tag].copy()
-    df["label"] = df["variant"] + "/" + df["flavor"]
-    gains = paired_gains(df)
-    comp, statements = paper_comparison(df, gains)
-    summary = summarize(gains, ["task", "setting", "variant", "flavor", "unit"], "gain") if not gains.empty else gains
-    atomic_write_csv(summary, out / f"{NAME}_gains.csv")
-    notes = [f"Configuration `{tag}` (preset, layers, sequence length, training sequences, steps, batch, lr). "
-             "Test MSE on noisy targets (irreducible floor σ² = 0.01); accuracy over 6 balanced classes "
-             "(chance 1/6). Seed means below; gains are paired by seed against MHA with 95 % Student-t "
-             "intervals. Generators: attention_zoo/data/synthetic.py (the paper gives none)."]
-    if not summary.empty:
-        s = summary.assign(setting=summary["setting"].map("{:g}".format))
-        notes += ["## Gain over MHA (regression: % MSE reduction; classification: accuracy points)", "",
-                  report.markdown_table(s, floatfmt=".2f")]
-    notes += ["## Parameters (total, attention in parentheses)", "", report.markdown_table(_params_table(df))]
-    notes += ["## Paper statements (Fig. 13)", "", report.markdown_table(statements)]
-    bad = df[df["status"] != "ok"]
-    if not bad.empty:
-        notes += ["Non-ok cells: " + "; ".join(f"{r.task}/{r.label}/seed {r.seed}: {r.status} {r.message}"
-                                               for r in bad.itertuples())]
-    wide = _wide(df)
-    ci = _ci_wide(df)
-    if not ci.empty:
-        notes += ["## Test MSE (regression) and accuracy (classification): mean [95 % t-interval] (seeds)", "",
-                  report.markdown_table(ci)]
-    notes += ["## Test MSE (regression) and accuracy (classification), seed means"]
-    best = {c: ("min" if c.endswith("MSE") else "max") for c in wide.columns if c.startswith(("λ", "d_e"))}
-    report.write_tables(out, NAME, df, wide, store.environment(env, df), "Appendix I, Figures 12–13: synthetic sweeps",
-                        "\n\n".join(notes),
-                        best=best, comparison=comp)
-    _figures(out, df, gains)
-    return comp, statements
+def print_summary(summary: dict) -> None:
+    print(report.format_comparison(summary["comparison"], floatfmt=".2f"))
+    for line in verdict_lines(summary["verdicts"]):
+        print(line)
 
 
-def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame) -> None:
-    ok = df[df["status"] == "ok"].sort_values("label", kind="stable")  # same legend order in every figure
-    reg, acc = ok[ok["metric"] == "test_mse"], ok[ok["metric"] == "test_acc"]
-    if not reg.empty:
-        report.line_plot(reg.rename(columns={"lam": "λ"}), "λ", "value", "label", out / "figure12_mse.png",
-                         "Fig. 12: synthetic regression (mean, 95% t-interval over seeds)",
-                         "test MSE (target units², floor 0.01)", errorbar=_t_band,
-                         xlabel="λ (cross-subspace weight, dimensionless)")
+# ---- figures ------------------------------------------------------------------------------------------------
+def _band(df: pd.DataFrame, value: str, by: list[str]) -> pd.DataFrame:
+    rows = []
+    for key, g in df.groupby(by):
+        mean, lo, hi = t_interval(g[value])
+        rows.append({**dict(zip(by, key)), "mean": mean, "low": lo, "high": hi})
+    return pd.DataFrame(rows)
+
+
+def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seeds: int, env: dict) -> None:
+    where = f"{preset} preset, n = {seeds} seeds, {env.get('device_name')}"
+    r2, acc = _metric(df, "test_r2"), _metric(df, "test_acc")
+    if not r2.empty:
+        oracle = _metric(df, "oracle_mse").merge(_metric(df, "trivial_mse")[["setting", "seed", "value"]],
+                                                 on=["setting", "seed"], suffixes=("", "_t"))
+        floor = float((1 - oracle["value"] / oracle["value_t"]).mean()) if not oracle.empty else math.nan
+        plots.interval_plot(_band(r2, "value", ["label", "setting"]), "setting", "label", out / "figure12_r2.png",
+                            f"Fig. 12: synthetic regression, test R² ({where}; 95 % t-intervals)",
+                            "test R² = 1 − MSE / Var(y) (dimensionless)", "λ (cross-subspace weight, dimensionless)",
+                            zero=False, ref_lines={"oracle (noise floor)": floor, "trivial (training mean)": 0.0})
     if not acc.empty:
-        oracle = ok[ok["metric"] == "oracle_test_acc"].drop_duplicates(["d_e", "seed"]).assign(label="oracle (knows R)")
-        report.line_plot(pd.concat([acc, oracle]), "d_e", "value", "label", out / "figure13_accuracy.png",
-                         "Fig. 13: synthetic classification (mean, 95% t-interval over seeds)",
-                         "test accuracy (fraction, chance 1/6)", errorbar=_t_band,
-                         xlabel="d_e (subspace width; D = 4·d_e)")
+        orc = _metric(df, "oracle_test_acc").drop_duplicates(["setting", "seed"]).assign(label="oracle (knows R)")
+        chance = float(_metric(df, "chance_acc")["value"].mean())
+        plots.interval_plot(_band(pd.concat([acc, orc]), "value", ["label", "setting"]), "setting", "label",
+                            out / "figure13_accuracy.png",
+                            f"Fig. 13: synthetic classification, test accuracy ({where}; 95 % t-intervals)",
+                            "test accuracy (fraction)", "d_e (subspace width; D = 4·d_e)", zero=False,
+                            ref_lines={"chance (majority class)": chance}, integer_x=True)
     if gains.empty:
         return
-    gains = gains.sort_values("label", kind="stable")
-    g_reg, g_cls = gains[gains["task"] == "regression"], gains[gains["task"] == "classification"]
-    if not g_reg.empty:
-        gain_plot(g_reg, "setting", out / "figure12_gain.png", "Fig. 12: MSE gain over MHA (paired by seed)", "λ",
-                  "(MSE_MHA − MSE) / MSE_MHA (%)", PAPER_GAIN)
-    if not g_cls.empty:
-        gain_plot(g_cls, "setting", out / "figure13_gain.png", "Fig. 13: accuracy gain over MHA (paired by seed)",
-                  "d_e (subspace width; D = 4·d_e)",
-                  "accuracy − accuracy_MHA (percentage points)")
+    for task, name, xlabel, ylabel, integer in (
+            ("regression", "figure12_gain.png", "λ (cross-subspace weight, dimensionless)",
+             "(MSE_MHA − MSE) / MSE_MHA (%)", False),
+            ("classification", "figure13_gain.png", "d_e (subspace width; D = 4·d_e)",
+             "accuracy − accuracy_MHA (percentage points)", True)):
+        g = gains[gains["task"] == task]
+        if g.empty:
+            continue
+        paper = {f"paper: {PAPER_METHOD}": PAPER_GAIN} if task == "regression" else None
+        fig = "Fig. 12" if task == "regression" else "Fig. 13"
+        plots.interval_plot(_band(g, "gain", ["label", "setting"]), "setting", "label", out / name,
+                            f"{fig}: seed-paired gain over MHA/paper ({where}; 95 % t-intervals)", ylabel, xlabel,
+                            paper=paper, integer_x=integer)
+    _learning_figures(out, df, where)
+
+
+def _learning_figures(out: Path, df: pd.DataFrame, where: str) -> None:
+    """Validation loss vs step (λ = 1 and d_e = 8) and the gain at budget fractions, when the preset records them."""
+    curves = df[(df["metric"] == "val_loss@step") & (df["status"] == "ok")].copy()
+    if not curves.empty and curves["step"].nunique() > 2:
+        sel = curves[((curves["task"] == "regression") & np.isclose(curves["lam"].astype(float), 1.0))
+                     | ((curves["task"] == "classification") & (curves["d_e"] == 8))].copy()
+        if not sel.empty:
+            sel["panel"] = np.where(sel["task"] == "regression", "regression, λ = 1 (MSE)",
+                                    "classification, d_e = 8 (nats)")
+            plots.line_plot(sel, "step", "value", "label", out / "synthetic_learning_loss.png",
+                            f"Appendix I: validation loss during training ({where}; 95 % t-bands)",
+                            "validation loss", xlabel="optimizer step", panel="panel")
+    for task, metric_x, pick in (("regression", "λ", 1.0), ("classification", "d_e", 8)):
+        bud = paired_gains(df[df["task"] == task], "@budget", ("budget",))
+        if bud.empty or bud["budget"].nunique() < 2:
+            continue
+        bud = bud[np.isclose(bud["setting"].astype(float), float(pick))]
+        if bud.empty:
+            continue
+        unit = "% MSE reduction" if task == "regression" else "accuracy points"
+        plots.interval_plot(_band(bud, "gain", ["label", "budget"]), "budget", "label",
+                            out / f"synthetic_budget_gain_{task}.png",
+                            f"Appendix I: gain over MHA vs training budget, {task} at {metric_x} = {pick:g} ({where})",
+                            f"gain over MHA ({unit})", "fraction of the maximum optimizer steps")

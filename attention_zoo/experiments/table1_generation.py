@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from .. import report
+from .. import plots, report
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import Context, train_and_score
 from .generation_common import (
@@ -106,7 +106,7 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict) -> pd.DataFrame:
     for metric, (title, ylabel) in FIGURES.items():
         sub = df[(df["metric"] == metric) & (df["status"] == "ok")]
         if not sub.empty:
-            report.bar_plot(sub, "dataset", "value", "label", ctx.out / f"{NAME}_{metric}.png",
+            plots.bar_plot(sub, "dataset", "value", "label", ctx.out / f"{NAME}_{metric}.png",
                             f"Table 1: {title} (mean, 95% t-interval over seeds)", ylabel, xlabel="dataset")
     return comp
 

@@ -37,7 +37,8 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..report import UNSTABLE_MARK, barh_plot, comparison_frame, format_comparison, mark_values, write_tables
+from ..plots import barh_plot
+from ..report import UNSTABLE_MARK, comparison_frame, format_comparison, mark_values, write_tables
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
 from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops

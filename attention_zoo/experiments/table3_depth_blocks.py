@@ -22,7 +22,7 @@ import math
 
 import pandas as pd
 
-from .. import report
+from .. import plots, report
 from ..registry import get_attention_spec
 from ..variants.damcha import set_block_scales
 from . import generation_common as gc
@@ -132,7 +132,7 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> tuple[pd.DataFrame, list[s
                         "\n\n".join(notes), best={i: "min" for i in INFERENCE}, comparison=comp)
     ok = _metric(df, "fid_top50")[lambda d: d["status"] == "ok"]
     if not ok.empty:
-        report.line_plot(ok, "depth", "value", "inference", ctx.out / f"{NAME}.png",
+        plots.line_plot(ok, "depth", "value", "inference", ctx.out / f"{NAME}.png",
                          "Table 3: FID@Top-50 vs generator depth (95% t-interval over seeds where > 1)",
                          "FID@Top-50 (Inception-feature Fréchet distance)", xlabel="generator depth k (layers)")
     return comp, [*claims, report.markdown_table(temp)]

@@ -27,7 +27,7 @@ import math
 
 import pandas as pd
 
-from .. import report
+from .. import plots, report
 from ..envinfo import set_seed
 from ..registry import get_attention_spec
 from ..results import ResultStore
@@ -138,7 +138,7 @@ def write_report(ctx, df: pd.DataFrame, env: dict) -> pd.DataFrame:
     plot = rel[rel["metric"].isin(["fid_top50", "nll", "bartscore", "bertscore_f1"])]
     if not plot.dropna(subset=["change_pct"]).empty:
         plot = plot.assign(what=plot["dataset"] + ": " + plot["metric"], row=plot["setting"].map(LABELS))
-        report.bar_plot(plot, "what", "change_pct", "row", ctx.out / f"{NAME}.png",
+        plots.bar_plot(plot, "what", "change_pct", "row", ctx.out / f"{NAME}.png",
                         "Table 4: change vs full DAMCHA (seed means)", "change vs DAMCHA (% of DAMCHA's value)",
                         errorbar=None, xlabel="dataset: metric")
     return comp

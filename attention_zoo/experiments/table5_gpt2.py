@@ -38,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import report
+from .. import plots, report
 from ..data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
 from ..engine import (
     TrainConfig,
@@ -273,7 +273,7 @@ def _curves(out: Path, store: ResultStore) -> list[Path]:
         what = "training loss" if event == "train" else "validation loss (periodic subset)"
         seeds = g["seed"].nunique()
         band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
-        paths.append(report.line_plot(g.sort_values("variant", kind="stable"), "step", "bpc", "variant",
+        paths.append(plots.line_plot(g.sort_values("variant", kind="stable"), "step", "bpc", "variant",
                                       out / f"{NAME}_curve_{ds}_{event}.png", f"Table 5 {ds}: {what} ({band})",
                                       "loss (bits per character)", xlabel="optimizer step",
                                       panel="set" if event == "eval" else None, panel_title="eval set: {}"))

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import report
+from .. import plots, report
 from ..data.imagefolder import (
     FolderEvaluator,
     FolderSampler,
@@ -353,7 +353,7 @@ def _curves(out: Path, store: ResultStore, preset_name: str) -> list[Path]:
     for epochs, g in pd.DataFrame(frames).groupby("epochs"):
         seeds = g["seed"].nunique()
         band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
-        paths.append(report.line_plot(g.sort_values("series", kind="stable"), "epoch", "loss", "series",
+        paths.append(plots.line_plot(g.sort_values("series", kind="stable"), "epoch", "loss", "series",
                                       out / f"{NAME}_curve_{preset_name}_{epochs}ep.png",
                                       f"Table 6 ({preset_name}, {epochs} epochs): {band}", "cross-entropy (nats)",
                                       xlabel="epoch", panel="split"))

@@ -211,7 +211,7 @@ def plot(rows: dict, path, title: str):
     layer causal, decoder); each variant in its fixed colour, damcha_repo hatched, unstable timings faded."""
     import pandas as pd
 
-    from ..report import barh_plot
+    from ..plots import barh_plot
 
     recs = []
     for label, r in rows.items():

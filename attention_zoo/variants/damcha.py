@@ -52,6 +52,7 @@ class MBasedAttention(AttentionBase):
     has_aux_loss = True  # bayesian off_diag_mode: KL of α
     flavors = ("paper",)
     extra_options = MetricConfig.names()
+    ensemble_parameters = ("M0",)  # the static metric may carry a seed axis (engine.ensemble; see queries)
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
                  flavor: str = "paper", use_M: bool = True, use_mlp: bool = True, share_mlp: bool = True,
@@ -137,16 +138,19 @@ class MBasedAttention(AttentionBase):
 
     def queries(self, xh: Tensor, x: Tensor, padding_mask: Tensor | None, stack_context) -> Tensor:
         if not self.use_mlp:
-            return head_queries(xh, self.static_metrics()[None])
+            m = self.static_metrics()
+            # A grouped ensemble (engine.ensemble) holds one M0 per seed, [S, D, D], over a seed-major batch.
+            m = m[None] if m.dim() == 3 else m.repeat_interleave(xh.shape[0] // m.shape[0], dim=0)
+            return head_queries(xh, m)
         gen = self.metric_generator
         ctx = stack_context if stack_context is not None else gen.prepare(x, padding_mask, self.layer_idx)
         self._last_summary = ctx.summary
         return gen.queries(xh, ctx, self.layer_idx)
 
     def static_metrics(self) -> Tensor:
-        """RowSum(M0) as [H, dh, dh] (no block scales on the static metric)."""
+        """RowSum(M0) as [H, dh, dh] ([S, H, dh, dh] in a grouped ensemble; no block scales on the static metric)."""
         H, dh = self.n_heads, self.head_dim
-        return self.M0.reshape(H, dh, H, dh).sum(2)
+        return self.M0.unflatten(-1, (H, dh)).unflatten(-3, (H, dh)).sum(-2)  # (…, H, dh, H, dh) -> (…, H, dh, dh)
 
     # ---- inspection -----------------------------------------------------------------------------------------
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:

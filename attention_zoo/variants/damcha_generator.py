@@ -343,8 +343,8 @@ class StructuredMLPForM(nn.Module):
             # W′ = H·P, applied as P(H·z) + H·b: scaling the input is far cheaper than scaling the weight.
             if not self._unit_scales():
                 raise ValueError("block_scales: a collapsed generator has no blocks to scale; use the full one")
-            P, pb = self.out.weight, self.out.bias
-            return lambda z: F.linear(z * H, P, pb * H).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
+            # W′ = H·P, b′ = H·b: H·(P z + b), through the layer itself (so a grouped copy works too).
+            return lambda z: (self.out(z) * H).unflatten(-1, (H, dh, dh))  # (..., H, dh, dh)
         if not self.fused:
             return lambda z: self.full_metric(z, alpha, layer_idx).sum(-2)  # RowSum over block columns j
         S = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
@@ -449,6 +449,12 @@ class StructuredMLPForM(nn.Module):
             z = self.trunk(summary)
             M = self.full_metric(z, self.sample_alpha(), layer_idx)
         return M.mean(0).reshape(self.d_model, self.d_model)
+
+    def ensemble_prepare(self) -> None:
+        """For ``engine.ensemble``: the fused RowSum reads the output layer's raw weight; the explicit path (same
+        values and gradients, docs/variants.md §7.4) calls the layer, which a grouped copy replaces."""
+        if self.fused and not self.collapsed:
+            self.cfg = replace(self.cfg, fused_rowsum=False)
 
     # ---- analytic costs -------------------------------------------------------------------------------------
     def analytic_params(self) -> int:

@@ -1,0 +1,24 @@
+"""The DAMCHA paper's claims as data, the statistics that test them and the verdicts computed from stored rows.
+
+A layer of its own below ``experiments``: it reads result stores (``results/<folder>/<name>.jsonl``) and imports
+nothing from ``experiments``. ``python -m attention_zoo.claims --results results/`` rebuilds the verdict table.
+"""
+
+from __future__ import annotations
+
+from .data import load_results
+from .ledger import CLAIMS, get_claim
+from .spec import Arm, Claim, Comparison
+from .table import verdict_frame, verdict_lines, verdict_markdown
+from .verdicts import Verdict, decide
+
+
+def verdicts_for(results, experiments: tuple[str, ...] | None = None) -> list[Verdict]:
+    """The verdicts of every claim (or of those whose rows ``experiments`` make) from the stores under
+    ``results``."""
+    claims = tuple(c for c in CLAIMS if experiments is None or c.experiment in experiments)
+    return decide(load_results(results), claims)
+
+
+__all__ = ["Arm", "CLAIMS", "Claim", "Comparison", "Verdict", "decide", "get_claim", "load_results",
+           "verdict_frame", "verdict_lines", "verdict_markdown", "verdicts_for"]

@@ -1,0 +1,118 @@
+"""Read result stores without writing to them: every ``<results>/<folder>/<store>.jsonl``, flattened to long rows.
+
+A store holds the cells of every run context that wrote it (``results.ResultStore``). For a claim at a preset the
+rows are those of one context: the one whose latest run is the newest among the contexts of that preset (the run
+that last wrote the report); older contexts of the same preset (other settings, older code) are left out and the
+verdict names the context it used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io import scan_jsonl
+
+# Derived metrics a claim may name: value = a − b of two stored metrics of the same cell.
+DERIVED = {"mse_iqr": ("mse_q75", "mse_q25"), "nll_iqr": ("nll_q75", "nll_q25")}
+
+
+@dataclass
+class StoreRows:
+    """One store's rows for one preset (one context), with what it took to make them."""
+
+    frame: pd.DataFrame
+    path: Path
+    context_id: str
+    run_ids: list[str]
+    commits: list[str]
+
+
+def _preset_of(context: dict, cell: dict) -> str | None:
+    opts = context.get("options") or {}
+    return opts.get("preset") or cell.get("preset")
+
+
+def read_store(path: str | Path) -> dict[str, StoreRows]:
+    """{preset: StoreRows} of one JSONL store (malformed lines are skipped; the store itself repairs them)."""
+    path = Path(path)
+    good, _ = scan_jsonl(path)
+    runs, cells, order = {}, {}, []
+    for _, rec in good:
+        if rec.get("kind") == "run" and "run_id" in rec:
+            runs[rec["run_id"]] = rec
+            order.append(rec["run_id"])
+        elif rec.get("kind") == "cell" and isinstance(rec.get("rows"), list):
+            cells.pop(rec.get("cell_id"), None)
+            cells[rec.get("cell_id")] = rec
+    by_preset: dict[str, dict[str, list[dict]]] = {}
+    for rec in cells.values():
+        run = runs.get(rec.get("run_id"), {})
+        preset = _preset_of(run.get("context") or {}, rec.get("cell") or {})
+        if preset is not None:
+            by_preset.setdefault(preset, {}).setdefault(rec.get("context_id"), []).append(rec)
+    latest = {rid: i for i, rid in enumerate(order)}
+    out = {}
+    for preset, contexts in by_preset.items():
+        def newest(cid, contexts=contexts):
+            return max(latest.get(r.get("run_id"), -1) for r in contexts[cid])
+
+        cid = max(contexts, key=newest)
+        recs = contexts[cid]
+        flat = [{**r["cell"], **row, "run_id": r["run_id"]} for r in recs for row in r["rows"]]
+        df = pd.DataFrame(flat).rename(columns={"flavour": "flavor"})  # one spelling, as the reports write it
+        if not df.empty and "status" not in df:
+            df["status"] = "ok"
+        rids = sorted({r["run_id"] for r in recs})
+        commits = sorted({str((runs.get(rid, {}).get("env") or {}).get("git_commit", "?"))[:10] for rid in rids})
+        out[preset] = StoreRows(df, path, cid, rids, commits)
+    return out
+
+
+def load_results(results: str | Path) -> dict[tuple[str, str], StoreRows]:
+    """{(store name, preset): rows} over every store under ``results`` (one folder level deep)."""
+    found: dict[tuple[str, str], StoreRows] = {}
+    for path in sorted(Path(results).glob("*/*.jsonl")):
+        for preset, rows in read_store(path).items():
+            key = (path.stem, preset)
+            if key not in found or len(rows.frame) > len(found[key].frame):
+                found[key] = rows
+    return found
+
+
+def matches(df: pd.DataFrame, where: dict) -> pd.Series:
+    """Rows whose columns equal the filters (floats compared with isclose; a missing column matches nothing)."""
+    keep = pd.Series(True, index=df.index)
+    for col, want in where.items():
+        if col not in df:
+            return pd.Series(False, index=df.index)
+        vals = df[col]
+        if isinstance(want, float) or (isinstance(want, int) and not isinstance(want, bool)
+                                       and pd.api.types.is_float_dtype(vals)):
+            num = pd.to_numeric(vals, errors="coerce")
+            keep &= pd.Series(np.isclose(num.astype(float), float(want)), index=df.index) & num.notna()
+        else:
+            keep &= vals.astype(str) == str(want)
+    return keep
+
+
+def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The ok rows of ``metric`` (a stored metric, or a ``DERIVED`` difference of two computed per cell)."""
+    if df.empty or "metric" not in df:
+        return df.iloc[0:0]
+    ok = df[df["status"].fillna("ok") == "ok"] if "status" in df else df
+    if metric not in DERIVED:
+        return ok[ok["metric"] == metric]
+    a, b = DERIVED[metric]
+    keys = [c for c in ok.columns if c not in ("metric", "value", "unit", "status", "message", "run_id")
+            and not c.startswith("_")]
+    keys = [c for c in keys if ok[c].map(lambda v: isinstance(v, (str, int, float, bool)) or v is None).all()]
+    wide = ok[ok["metric"].isin([a, b])].pivot_table(index=keys, columns="metric", values="value", aggfunc="mean",
+                                                     dropna=False)
+    if a not in wide or b not in wide:
+        return ok.iloc[0:0]
+    out = (wide[a] - wide[b]).rename("value").reset_index().dropna(subset=["value"])
+    return out.assign(metric=metric, status="ok")

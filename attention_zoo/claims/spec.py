@@ -1,0 +1,118 @@
+"""The shape of a claim: arms, comparisons and the rule that decides them (the data is in ``ledger.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRESETS = ("smoke", "decide", "paper")
+RULES = ("all", "noninferior", "slope", "analytic")
+EFFECTS = ("relative", "difference", "points")
+
+
+@dataclass(frozen=True)
+class ByPreset:
+    """A value that depends on the preset (a dataset or metric standing in for the paper's at smoke scale)."""
+
+    values: tuple[tuple[str, object], ...]
+
+    def get(self, preset: str):
+        d = dict(self.values)
+        return d.get(preset, d.get("*"))
+
+
+def by_preset(**values) -> ByPreset:
+    """``by_preset(smoke="digits", paper="cifar10")``; ``_`` (written ``any=``) is the fallback for other presets."""
+    if "any" in values:
+        values["*"] = values.pop("any")
+    return ByPreset(tuple(values.items()))
+
+
+def resolve(value, preset: str):
+    return value.get(preset) if isinstance(value, ByPreset) else value
+
+
+@dataclass(frozen=True)
+class Arm:
+    """Rows of one arm: column filters; ``reduce`` over column ``over`` collapses several rows of a pairing unit into
+    one value: "best"/"worst" by the metric's direction (e.g. the weakest depth of a seed), "first"/"last" the row
+    with the smallest/largest ``over`` (e.g. the deepest generator, the last snapshot)."""
+
+    label: str
+    where: dict = field(default_factory=dict)
+    reduce: str | None = None
+    over: str | None = None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Treatment vs reference on the rows that match ``where`` (besides the arms' own filters), paired on the
+    claim's ``pair_on`` columns. ``direction``: +1 when the paper says the treatment is better, −1 worse.
+    ``paper_effect``: the paper's effect in the claim's effect unit and orientation (positive = treatment better),
+    where it quotes one; it is only compared where the scope is the paper's task."""
+
+    name: str
+    treatment: Arm
+    reference: Arm | None  # None: the treatment's own trend (slope rule)
+    where: dict = field(default_factory=dict)
+    direction: int = 1
+    paper_effect: float | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper and how this harness tests it.
+
+    ``rule``: ``all`` — every comparison must hold (a seed-paired test each; Holm within ``family``);
+    ``noninferior`` — the treatment is no worse than the reference by more than ``margin`` (one-sided test);
+    ``slope`` — the per-seed least-squares slope over ``over`` of the effect (or of the treatment's metric when
+    the comparison has no reference) has the paper's sign; ``analytic`` — decided by ``analytic`` (a function name
+    in ``verdicts.ANALYTIC``) from formulas and measured counts.
+    ``scope`` maps presets to what the rows measure there; ``paper_task`` lists the presets whose rows are the
+    paper's own task, the only ones where a quoted effect size is compared.
+    ``controls``: control arms whose gain over the reference could explain the treatment's.
+    """
+
+    id: str
+    text: str
+    source: str
+    paper: str  # the paper's numbers, as quoted
+    experiment: str  # the script / results folder whose store holds the rows
+    metric: str | ByPreset
+    better: str  # "lower" | "higher"
+    effect: str  # relative (% of the reference) | difference (metric units) | points (100 × fraction difference)
+    comparisons: tuple[Comparison, ...]
+    family: str
+    scope: dict
+    paper_task: tuple[str, ...] = ()
+    rule: str = "all"
+    store: str | None = None  # default: the experiment's name
+    pair_on: tuple[str, ...] = ("seed",)
+    where: dict = field(default_factory=dict)
+    controls: tuple[str, ...] = ()
+    over: str | None = None  # slope rule: the setting column
+    margin: float | None = None  # noninferior rule
+    analytic: str | None = None
+    needs_rows: bool = True  # False: a formula-only analytic claim, decided without any store
+    unit: str | None = None  # the effect's unit as shown (default: from ``effect`` and the metric)
+    paper_scale: str = ""  # what would decide it at paper scale
+
+    def __post_init__(self):
+        if self.rule not in RULES or self.effect not in EFFECTS or self.better not in ("lower", "higher"):
+            raise ValueError(f"claim {self.id}: bad rule/effect/better ({self.rule}, {self.effect}, {self.better})")
+        if self.rule == "noninferior" and not (self.margin and self.margin > 0):
+            raise ValueError(f"claim {self.id}: the noninferior rule needs a positive margin")
+        if self.rule == "slope" and not self.over:
+            raise ValueError(f"claim {self.id}: the slope rule needs ``over``")
+        if self.rule == "analytic" and not self.analytic:
+            raise ValueError(f"claim {self.id}: the analytic rule needs ``analytic``")
+
+    @property
+    def store_name(self) -> str:
+        return self.store or self.experiment
+
+    def effect_unit(self, preset: str) -> str:
+        if self.unit:
+            return self.unit
+        metric = resolve(self.metric, preset)
+        return {"relative": f"% of the reference's {metric}", "difference": f"{metric} units",
+                "points": f"{metric} points (×100)"}[self.effect]

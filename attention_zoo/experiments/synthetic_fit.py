@@ -1,0 +1,322 @@
+"""Training of the synthetic cells (Appendix I): one group of seeds of one (task, setting, arm) at a time.
+
+The seeds of a group train together as one grouped model (``engine.ensemble``: the seed is a batch dimension) when
+the arm's modules allow it, else one after the other; both paths run this same loop, so a seed's data, its
+initialisation (``set_seed(seed)`` before building its model), its batch order (a stream of its own) and every
+update are those it gets alone. Per seed: AdamW (foreach), linear warm-up then cosine decay to ``min_lr_ratio``·lr,
+global-norm clipping at 1, early stopping on the validation split (its own split, disjoint from test) with
+``patience`` evaluations; the reported test metrics are those of the best validation checkpoint, and the test
+metric of the best checkpoint so far is also recorded at ``budget_fracs`` of ``max_steps`` (the same run seen at
+smaller budgets). No host synchronisation per step: losses stay on the device until an evaluation.
+
+A group checkpoints its whole state every ``ckpt_every`` steps (``engine.checkpoint``: verified, atomic), so an
+interrupted group resumes mid-run with the same results.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import synthetic as syn
+from ..engine.checkpoint import load_checkpoint, save_checkpoint
+from ..engine.ensemble import EnsembleUnsupported, clip_per_seed, group_models, verify_grouped
+from ..envinfo import set_seed
+from ..measure.flops import analytic_flops
+from ..measure.params import count_params
+from ..models import AttentionStack, StackConfig
+from ..registry import split_options
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The training protocol of a preset."""
+
+    max_steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.01
+    warmup: int = 0
+    min_lr_ratio: float = 0.1
+    eval_every: int = 0  # 0: evaluate once, at the end (no early stopping)
+    patience: int = 0  # evaluations without a new best before a seed stops (0: never)
+    budget_fracs: tuple[float, ...] = (1.0,)
+    ckpt_every: int = 0  # steps between group checkpoints (0: none)
+
+    def lr_factor(self, step: int) -> float:
+        warm = min(1.0, (step + 1) / self.warmup) if self.warmup else 1.0
+        cos = 0.5 * (1 + math.cos(math.pi * min(step, self.max_steps) / self.max_steps))
+        return warm * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
+
+    def eval_steps(self) -> set[int]:
+        """Steps (1-based, after the update) at which the validation split is scored."""
+        steps = {self.max_steps} | {max(1, round(f * self.max_steps)) for f in self.budget_fracs}
+        if self.eval_every:
+            steps |= set(range(self.eval_every, self.max_steps + 1, self.eval_every))
+        return steps
+
+
+class SyntheticModel(nn.Module):
+    """Raw features -> attention stack -> LayerNorm -> mean over tokens -> linear head; returns (out, aux)."""
+
+    def __init__(self, d_model: int, n_layers: int, attention: str, attention_options: dict, n_out: int):
+        super().__init__()
+        self.stack = AttentionStack(StackConfig(d_model=d_model, n_layers=n_layers, n_heads=syn.N_SUBSPACES,
+                                                attention=attention, attention_options=attention_options))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_out)
+
+    def forward(self, x):
+        h, aux = self.stack(x)  # (B, T, D)
+        return self.head(self.ln_f(h).mean(1)), aux  # (B, n_out)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What defines a cell's data: the same for every arm of a (task, setting, seed)."""
+
+    task: str
+    setting: float  # λ (regression) or d_e (classification)
+    n_train: int
+    n_val: int
+    n_test: int
+    reg_d_e: int
+    seq_len: int
+    noise: float
+    kappa: float
+
+
+@lru_cache(maxsize=24)
+def task_data(t: Task, seed: int) -> dict[str, Tensor]:
+    """Train / val / test tensors of one seed; val is carved from the generator's training draw."""
+    n = t.n_train + t.n_val
+    if t.task == "regression":
+        d = syn.make_regression(n, t.n_test, t.reg_d_e, t.seq_len, t.setting, t.noise, seed=seed)
+    else:
+        d = syn.make_classification(n, t.n_test, int(t.setting), t.seq_len, t.kappa, seed=seed)
+    out = {"x_train": d.x_train[:t.n_train], "y_train": d.y_train[:t.n_train], "x_val": d.x_train[t.n_train:],
+           "y_val": d.y_train[t.n_train:], "x_test": d.x_test, "y_test": d.y_test}
+    if t.task == "regression":
+        out["y_test_clean"] = d.y_test_clean
+    else:
+        out["oracle_pred"] = syn.oracle_scores(d.x_test, d.constants).argmax(1)
+    return out
+
+
+def _losses(out: Tensor, y: Tensor, regression: bool, n_seeds: int) -> Tensor:
+    """Per-seed mean loss [S] of a seed-major batch: out [S·B, n_out], y [S, B]."""
+    if regression:
+        return (out.view(n_seeds, -1) - y).square().mean(1)
+    return F.cross_entropy(out, y.reshape(-1), reduction="none").view(n_seeds, -1).mean(1)
+
+
+@torch.no_grad()
+def _predict(net: nn.Module, x: Tensor, chunk: int = 512) -> Tensor:
+    """x [S, N, T, D] -> outputs [S, N, n_out] (eval mode)."""
+    S = x.shape[0]
+    outs = [net(x[:, i:i + chunk].reshape(-1, *x.shape[2:]))[0].view(S, -1, net_out(net))
+            for i in range(0, x.shape[1], chunk)]
+    return torch.cat(outs, 1)
+
+
+def net_out(net: nn.Module) -> int:
+    return net.head.out_features
+
+
+class Group:
+    """One (task, setting, arm) over ``seeds``: builds the models, trains them (grouped if possible), scores them."""
+
+    def __init__(self, task: Task, arm: str, flavor: str, seeds: list[int], n_layers: int, options: dict, fit: Fit,
+                 device: torch.device, ensemble: bool = True):
+        self.task, self.arm, self.flavor, self.seeds, self.fit, self.device = task, arm, flavor, seeds, fit, device
+        self.regression = task.task == "regression"
+        self.options, _ = split_options(arm, {**options, "flavor": flavor})
+        datas = [task_data(task, s) for s in seeds]
+        D = datas[0]["x_train"].shape[-1]
+        self.models = []
+        for s in seeds:
+            set_seed(s)  # the per-seed initialisation, whichever path trains it
+            self.models.append(SyntheticModel(D, n_layers, arm, self.options, 1 if self.regression else syn.N_CLASSES))
+        self.data = {k: torch.stack([d[k] for d in datas]).to(device) for k in datas[0]}  # (S, N, …)
+        self.orders = torch.stack([torch.randint(task.n_train, (fit.max_steps, fit.batch_size),
+                                                 generator=syn.make_generator((s + 0x9E3779B9) % 2**32))
+                                   for s in seeds]).to(device)  # (S, steps, B): the same for every arm
+        self.path, self.reason = "per-seed", "" if len(seeds) > 1 else "one seed"
+        self.net = None
+        if ensemble and len(seeds) > 1:
+            try:
+                net = group_models(self.models).to(device)
+                verify_grouped(net, [m.to(device) for m in self.models], self.data["x_train"][:, :4])
+                self.net, self.path = net, f"ensemble of {len(seeds)}"
+            except EnsembleUnsupported as exc:
+                self.reason = str(exc)
+
+    # ---- training -----------------------------------------------------------------------------------------------
+    def train(self, ckpt: Path | None = None, stop_at: int | None = None) -> list[list[dict]] | None:
+        """Rows per seed; None when ``stop_at`` interrupted it (the checkpoint holds the state)."""
+        if self.net is not None:
+            return self._run(self.net, list(range(len(self.seeds))), ckpt, stop_at)
+        rows = []
+        for i in range(len(self.seeds)):  # one seed at a time, the same loop with S = 1
+            part = self._run(self.models[i].to(self.device), [i], None if ckpt is None else ckpt.with_suffix(
+                f".s{self.seeds[i]}.pt"), stop_at)
+            if part is None:
+                return None
+            rows += part
+        return rows
+
+    def _run(self, net: nn.Module, idx: list[int], ckpt: Path | None, stop_at: int | None):
+        fit, S = self.fit, len(idx)
+        data = {k: v[idx] for k, v in self.data.items()}
+        orders = self.orders[idx]
+        grouped = net is self.net
+        params = [p for p in net.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay, foreach=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, fit.lr_factor)
+        st = {"step": 0, "best_val": [math.inf] * S, "best_step": [0] * S, "bad": [0] * S, "stopped": [False] * S,
+              "stop_step": [None] * S,
+              "best_test": [None] * S, "budget": [{} for _ in range(S)], "curve": [[] for _ in range(S)],
+              "train_loss": [[] for _ in range(S)], "cpu_s": 0.0, "wall_s": 0.0, "best_state": None}
+        if ckpt is not None and ckpt.is_file():
+            saved = load_checkpoint(ckpt)
+            net.load_state_dict(saved["net"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            st = saved["state"]
+        best_state = st["best_state"] or {k: v.detach().clone() for k, v in net.state_dict().items()}
+        evals, budgets = fit.eval_steps(), {max(1, round(f * fit.max_steps)): f for f in fit.budget_fracs}
+        rows_ix = torch.arange(S, device=self.device)[:, None]
+        net.train()
+        t0, c0 = time.perf_counter(), time.process_time()
+        step, pending = st["step"], list(st.get("pending") or [])  # losses since the last evaluation
+        while step < fit.max_steps and not all(st["stopped"]):
+            xb = data["x_train"][rows_ix, orders[:, step]]  # (S, B, T, D)
+            yb = data["y_train"][rows_ix, orders[:, step]]  # (S, B)
+            out, aux = net(xb.reshape(-1, *xb.shape[2:]))
+            losses = _losses(out, yb, self.regression, S)
+            opt.zero_grad(set_to_none=True)
+            (losses.sum() + aux).backward()
+            if grouped:
+                clip_per_seed(params, 1.0)
+            else:
+                nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            opt.step()
+            sched.step()
+            step += 1
+            pending.append(losses.detach())
+            if step in evals:
+                self._evaluate(net, data, st, step, budgets.get(step), best_state, torch.stack(pending))
+                pending = []
+            if fit.ckpt_every and step % fit.ckpt_every == 0 and ckpt is not None:
+                st.update(step=step, best_state=best_state, cpu_s=st["cpu_s"] + time.process_time() - c0,
+                          wall_s=st["wall_s"] + time.perf_counter() - t0, pending=pending)
+                t0, c0 = time.perf_counter(), time.process_time()
+                save_checkpoint(ckpt, {"net": net.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                                       "state": st})
+                if stop_at is not None and step >= stop_at:
+                    return None
+        for f in budgets.values():  # budgets after every seed stopped: their best stands
+            for s in range(S):
+                st["budget"][s].setdefault(f, st["best_test"][s])
+        cpu = st["cpu_s"] + time.process_time() - c0
+        wall = st["wall_s"] + time.perf_counter() - t0
+        net.load_state_dict(best_state)  # every seed's best validation checkpoint
+        if ckpt is not None and ckpt.is_file():
+            ckpt.unlink()
+        # A seed's own steps: where patience stopped it (the group may train on for the others), else the last.
+        return [self._rows(st, s, idx[s], st["stop_step"][s] or step, cpu / S, wall / S) for s in range(S)]
+
+    @torch.no_grad()
+    def _evaluate(self, net, data, st, step, budget, best_state, pending: Tensor) -> None:
+        net.eval()
+        val = _predict(net, data["x_val"])
+        v_loss = _losses(val.reshape(-1, val.shape[-1]), data["y_val"], self.regression, val.shape[0]).tolist()
+        train_mean = pending.mean(0).tolist()  # the losses since the last evaluation: one sync per evaluation
+        improved = [s for s in range(len(v_loss)) if not st["stopped"][s] and v_loss[s] < st["best_val"][s]]
+        if improved:
+            test = self._test_metrics(net, data)
+            for s in improved:
+                st["best_val"][s], st["best_step"][s], st["bad"][s], st["best_test"][s] = v_loss[s], step, 0, test[s]
+                if net is self.net:  # this seed's slice of every grouped parameter
+                    for k, p in net.named_parameters():
+                        best_state[k][s] = p[s]
+                else:
+                    best_state.update({k: v.detach().clone() for k, v in net.state_dict().items()})
+        for s in range(len(v_loss)):
+            if st["stopped"][s]:
+                continue
+            if s not in improved:
+                st["bad"][s] += 1
+                if self.fit.patience and st["bad"][s] >= self.fit.patience:
+                    st["stopped"][s], st["stop_step"][s] = True, step
+            st["curve"][s].append((step, v_loss[s]))
+            st["train_loss"][s].append((step, train_mean[s]))
+            if budget is not None:
+                st["budget"][s][budget] = st["best_test"][s]
+        net.train()
+
+    def _test_metrics(self, net, data) -> list[dict]:
+        pred = _predict(net, data["x_test"])  # (S, N, n_out)
+        out = []
+        for s in range(pred.shape[0]):
+            y = data["y_test"][s]
+            if self.regression:
+                p = pred[s, :, 0]
+                out.append({"test_mse": F.mse_loss(p, y).item(),
+                            "test_mse_clean": F.mse_loss(p, data["y_test_clean"][s]).item()})
+            else:
+                out.append({"test_acc": (pred[s].argmax(1) == y).float().mean().item(),
+                            "test_loss": F.cross_entropy(pred[s], y).item()})
+        return out
+
+    # ---- rows ---------------------------------------------------------------------------------------------------
+    def _rows(self, st: dict, s: int, i: int, steps_run: int, cpu_s: float, wall_s: float) -> list[dict]:
+        """Seed ``i`` of the group, entry ``s`` of the loop's state."""
+        model = self.models[i]
+        params = count_params(model)
+        fwd = analytic_flops(model, self.fit.batch_size, self.task.seq_len)
+        common = {"params": params["total_params"], "attention_params": params["attention_params"],
+                  "attention_options": str(self.options), "device": str(self.device), "path": self.path,
+                  "path_reason": self.reason, "status": "ok", "message": ""}
+        best = st["best_test"][s] or {}
+        d = {k: v[i] for k, v in self.data.items()}
+        y, unit = d["y_test"], "mse" if self.regression else "fraction"
+        rows = [{"metric": k, "value": v, "unit": "nats" if k == "test_loss" else ("mse" if "mse" in k else unit)}
+                for k, v in best.items()]
+        if self.regression:
+            var = float(((y - d["y_train"].mean()) ** 2).mean())  # the trivial predictor: the training mean
+            rows += [{"metric": "test_r2", "value": 1 - best.get("test_mse", math.nan) / var, "unit": "fraction"},
+                     {"metric": "trivial_mse", "value": var, "unit": "mse"},
+                     {"metric": "oracle_mse", "value": F.mse_loss(d["y_test_clean"], y).item(), "unit": "mse"}]
+        else:
+            chance = float(torch.bincount(y).max() / len(y))  # the majority class
+            oracle = float((d["oracle_pred"] == y).float().mean())
+            acc = best.get("test_acc", math.nan)
+            rows += [{"metric": "chance_acc", "value": chance, "unit": "fraction"},
+                     {"metric": "oracle_test_acc", "value": oracle, "unit": "fraction"},
+                     {"metric": "test_acc_norm", "value": (acc - chance) / (oracle - chance) if oracle > chance
+                      else math.nan, "unit": "fraction of oracle − chance"}]
+        metric = "test_mse" if self.regression else "test_acc"
+        rows += [{"metric": f"{metric}@budget", "budget": f, "value": (v or {}).get(metric, math.nan), "unit": unit}
+                 for f, v in sorted(st["budget"][s].items())]
+        rows += [{"metric": "val_loss@step", "step": k, "value": v, "unit": "mse" if self.regression else "nats"}
+                 for k, v in st["curve"][s]]
+        rows += [{"metric": "train_loss@step", "step": k, "value": v, "unit": "mse" if self.regression else "nats"}
+                 for k, v in st["train_loss"][s]]
+        rows += [{"metric": "best_val_loss", "value": st["best_val"][s], "unit": "mse" if self.regression else "nats"},
+                 {"metric": "best_step", "value": st["best_step"][s], "unit": "steps"},
+                 {"metric": "steps_run", "value": steps_run, "unit": "steps"},
+                 {"metric": "train_cpu_s", "value": cpu_s, "unit": "s"},
+                 {"metric": "train_time_s", "value": wall_s, "unit": "s"},
+                 {"metric": "train_flops", "value": 3.0 * fwd * steps_run, "unit": "FLOP (analytic, 3 × forward)"}]
+        if any(not math.isfinite(r["value"]) for r in rows if r["metric"] in ("test_mse", "test_acc")) or not best:
+            rows = [{"metric": metric, "value": math.nan, "unit": unit, "status": "nan",
+                     "message": "no finite validation loss (diverged)"}]
+        return [{**common, **r} for r in rows]

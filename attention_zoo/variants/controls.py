@@ -1,0 +1,293 @@
+"""Control arms for deciding the DAMCHA paper's claims (docs/claims.md §Controls).
+
+DAMCHA differs from MHA in three ways at once: a cross-head metric, an MLP that reads the (causal) context mean,
+and many more parameters (its generator). A gain over MHA is evidence for the metric only if these controls do not
+reproduce it. Each is a registered attention with the ``control`` capability, so ``list_attentions()`` keeps showing
+the seven variants and any script runs a control by name (``--variants mha,damcha,mha_pm`` or the token
+``controls``):
+
+- ``mha_pm`` (parameter-matched MHA): MHA plus a position-wise MLP D → w → D added to its output (a parallel
+  feed-forward: it reads no other position), w solved so the model has DAMCHA's total parameter count for the same
+  ``hidden_dims``; shared by the stack when ``share_mlp`` (as DAMCHA's generator is), zero-initialised output so
+  the arm starts as MHA.
+- ``mha_ctx`` (context-MLP control): MHA plus DAMCHA's own generator MLP — the same widths D → hidden → D², the
+  same parameter count — applied to the same context (the mean of the real tokens, or the causal prefix mean, of
+  the stack input when shared), its D² outputs averaged in groups of D to one D-vector that is added to the
+  attention output at every position. The same extra parameters reading the same statistic, with no metric.
+- ``damcha_static`` (static metric): DAMCHA without f(x) (``use_mlp=False``: a learned D×D M0 per layer, identity
+  init), the paper's own ablation, reported as a control.
+- ``damcha_bm`` (budget-matched DAMCHA): DAMCHA with a collapsed generator (H·dₕ·dₕ outputs, the functionally
+  distinct RowSums) and one hidden layer whose width is solved so the model has MHA's parameter count.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..registry import register_attention
+from .base import Masks, StackShare, check_positive_int
+from .damcha import MBasedAttention
+from .damcha_generator import MetricConfig, token_context
+from .mha import MultiHeadAttention
+
+DEFAULT_HIDDEN = MetricConfig().hidden_dims  # DAMCHA's default generator widths
+
+
+def mlp_params(widths: tuple[int, ...]) -> int:
+    """Weights and biases of a chain of Linear layers through ``widths`` (in, hidden…, out)."""
+    return sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
+
+
+def generator_outputs(d_model: int, compact_rank: int = 0) -> int:
+    """Outputs of DAMCHA's generator: D² (``mlp`` mode), or 2·D·r with compact rank r."""
+    return 2 * d_model * compact_rank if compact_rank else d_model * d_model
+
+
+def damcha_generator_params(d_model: int, hidden_dims: tuple[int, ...], compact_rank: int = 0) -> int:
+    """G of DAMCHA's generator (``mlp`` mode): D → hidden → D² (or 2·D·r)."""
+    return mlp_params((d_model, *hidden_dims, generator_outputs(d_model, compact_rank)))
+
+
+def _hidden(hidden_dims) -> tuple[int, ...]:
+    dims = DEFAULT_HIDDEN if hidden_dims is None else hidden_dims
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool) and h > 0
+                                                       for h in dims):
+        raise ValueError(f"hidden_dims: expected a sequence of positive ints, got {hidden_dims!r}")
+    return tuple(dims)
+
+
+# ---- extra modules ---------------------------------------------------------------------------------------------
+class PositionwiseMLP(nn.Module):
+    """x [..., D] -> Linear(D, w) -> GELU -> Dropout -> Linear(w, D), output layer zero-initialised."""
+
+    def __init__(self, d_model: int, width: int, dropout: float, n_uses: int = 1):
+        super().__init__()
+        self.d_model, self.width, self.n_uses = d_model, width, n_uses
+        self.fc = nn.Linear(d_model, width)
+        self.proj = nn.Linear(width, d_model)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.drop(F.gelu(self.fc(x))))
+
+    def analytic_params(self) -> int:
+        return mlp_params((self.d_model, self.width, self.d_model))
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        return self.n_uses * 2 * batch * seq_len * 2 * self.d_model * self.width
+
+
+class ContextMLP(nn.Module):
+    """c [..., D] -> (Linear, GELU, Dropout)* -> Linear(w_last, D·k) -> mean over groups of k -> [..., D], with
+    D·k DAMCHA's generator outputs (k = D, or 2·r with compact rank r).
+
+    The D² output rows are those of DAMCHA's generator (same widths, same parameters). With causal prefix contexts the
+    mean over each group is taken on the weights (a [D, w_last] layer per call), so no D² outputs are built per
+    position; with one context per sequence the layer runs and its outputs are averaged (the same values).
+    """
+
+    def __init__(self, d_model: int, hidden_dims: tuple[int, ...], causal: bool, dropout: float,
+                 compact_rank: int = 0):
+        super().__init__()
+        self.d_model, self.hidden_dims, self.causal = d_model, hidden_dims, causal
+        self.n_out = generator_outputs(d_model, compact_rank)
+        layers, width = [], d_model
+        for h in hidden_dims:
+            layers += [nn.Linear(width, h), nn.GELU(), nn.Dropout(dropout)]
+            width = h
+        self.trunk = nn.Sequential(*layers)
+        self.out = nn.Linear(width, self.n_out)
+        self.fold_weights = causal  # causal: one context per position, so D·k outputs per position would be costly
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """The context term added to the attention output: [B, 1, D] (full-sequence mean) or [B, T, D] (causal)."""
+        D, k = self.d_model, self.n_out // self.d_model
+        z = self.trunk(token_context(x, padding_mask, self.causal))  # (B, w) or (B, T, w)
+        if self.fold_weights:  # the mean of each group of k output rows, taken on the weights: no D·k outputs
+            y = F.linear(z, self.out.weight.view(D, k, -1).mean(1), self.out.bias.view(D, k).mean(1))
+        else:  # one context per sequence: D·k outputs are cheap, and the layer itself is called
+            y = self.out(z).unflatten(-1, (D, k)).mean(-1)
+        return y if self.causal else y[:, None]
+
+    def ensemble_prepare(self) -> None:
+        self.fold_weights = False  # a grouped copy replaces ``out``; its raw weights are not read
+
+    def analytic_params(self) -> int:
+        return mlp_params((self.d_model, *self.hidden_dims, self.n_out))
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        calls = seq_len if self.causal else 1
+        return 2 * batch * calls * sum(i * o for i, o in zip((self.d_model, *self.hidden_dims),
+                                                             (*self.hidden_dims, self.d_model)))
+
+
+# ---- the arms --------------------------------------------------------------------------------------------------
+@register_attention("mha_pm")
+class ParamMatchedMHA(MultiHeadAttention):
+    """Control: MHA + a parallel position-wise MLP sized to DAMCHA's total parameter count (same ``hidden_dims``)."""
+
+    control = True
+    stack_shared = True
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", bias: bool = True, fused: bool = True, max_seq_len: int | None = None,
+                 hidden_dims: tuple[int, ...] | None = None, compact_rank: int = 0, share_mlp: bool = True,
+                 stack: StackShare | None = None):
+        super().__init__(d_model, n_heads, causal, dropout, flavor=flavor, bias=bias, fused=fused,
+                         max_seq_len=max_seq_len)
+        stack = StackShare.check(stack)
+        self.hidden_dims, self.compact_rank = _hidden(hidden_dims), check_positive_int("compact_rank", compact_rank,
+                                                                                        allow_zero=True)
+        self.extra: PositionwiseMLP | None = None
+        if stack.shared is not None:
+            if not isinstance(stack.shared, PositionwiseMLP):
+                raise ValueError(f"stack: shared: expected the PositionwiseMLP of build_stack_shared, got "
+                                 f"{type(stack.shared).__name__}")
+            object.__setattr__(self, "_shared", stack.shared)  # referenced; the stack registers it once
+        else:
+            self.extra = self.matched_mlp(d_model, self.hidden_dims, self.compact_rank, 1, dropout, bias)
+
+    @staticmethod
+    def matched_width(d_model: int, hidden_dims: tuple[int, ...], compact_rank: int, n_layers: int,
+                      bias: bool = True) -> int:
+        """w of the MLP that gives ``n_layers`` MHA layers (+ the MLP) DAMCHA's attention parameters, G + n·(2D²+2D)
+        (V and O with biases plus one generator)."""
+        D = d_model
+        mha = 4 * D * D + (4 * D if bias else 0)
+        target = damcha_generator_params(D, hidden_dims, compact_rank) + n_layers * (2 * D * D + 2 * D - mha)
+        return max(0, round((target - D) / (2 * D + 1)))
+
+    @classmethod
+    def matched_mlp(cls, d_model, hidden_dims, compact_rank, n_layers, dropout, bias=True) -> PositionwiseMLP | None:
+        w = cls.matched_width(d_model, hidden_dims, compact_rank, n_layers, bias)
+        return PositionwiseMLP(d_model, w, dropout, n_uses=n_layers) if w > 0 else None
+
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           share_mlp: bool = True, hidden_dims=None, compact_rank: int = 0, bias: bool = True,
+                           **options):
+        if not share_mlp:
+            return None
+        return cls.matched_mlp(d_model, _hidden(hidden_dims), compact_rank, n_layers, dropout, bias)
+
+    @property
+    def mlp(self) -> PositionwiseMLP | None:
+        return self.extra if self.extra is not None else self.__dict__.get("_shared")
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        y = super()._attend(x, masks, None)
+        return y if self.mlp is None else y + self.mlp(x)
+
+    def analytic_params(self) -> int:
+        return super().analytic_params() + (self.extra.analytic_params() if self.extra is not None else 0)
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        own = self.extra.analytic_flops(batch, seq_len) if self.extra is not None else 0
+        return super().analytic_flops(batch, seq_len) + own
+
+
+@register_attention("mha_ctx")
+class ContextMLPMHA(MultiHeadAttention):
+    """Control: MHA + DAMCHA's generator MLP (same widths and parameters) on the same context mean, added."""
+
+    control = True
+    stack_shared = True
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", bias: bool = True, fused: bool = True, max_seq_len: int | None = None,
+                 hidden_dims: tuple[int, ...] | None = None, compact_rank: int = 0, share_mlp: bool = True,
+                 stack: StackShare | None = None):
+        super().__init__(d_model, n_heads, causal, dropout, flavor=flavor, bias=bias, fused=fused,
+                         max_seq_len=max_seq_len)
+        stack = StackShare.check(stack)
+        self.hidden_dims = _hidden(hidden_dims)
+        rank = check_positive_int("compact_rank", compact_rank, allow_zero=True)
+        self.context_mlp: ContextMLP | None = None
+        if stack.shared is not None:
+            if not isinstance(stack.shared, ContextMLP):
+                raise ValueError(f"stack: shared: expected the ContextMLP of build_stack_shared, got "
+                                 f"{type(stack.shared).__name__}")
+        else:
+            self.context_mlp = ContextMLP(d_model, self.hidden_dims, causal, dropout, rank)
+
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           share_mlp: bool = True, hidden_dims=None, compact_rank: int = 0, **options):
+        return ContextMLP(d_model, _hidden(hidden_dims), causal, dropout, compact_rank) if share_mlp else None
+
+    @classmethod
+    def stack_context(cls, shared: ContextMLP, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return shared(x, padding_mask)  # once per forward, on the stack input, like DAMCHA's generator
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        ctx = stack_context if stack_context is not None else self.context_mlp(x, masks.padding)
+        return super()._attend(x, masks, None) + ctx
+
+    def analytic_params(self) -> int:
+        own = self.context_mlp.analytic_params() if self.context_mlp is not None else 0
+        return super().analytic_params() + own
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        own = self.context_mlp.analytic_flops(batch, seq_len) if self.context_mlp is not None else 0
+        return super().analytic_flops(batch, seq_len) + own
+
+
+@register_attention("damcha_static")
+class StaticMetricDAMCHA(MBasedAttention):
+    """Control: DAMCHA without f(x) — a learned static D×D metric M0 per layer (identity init)."""
+
+    control = True
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", share_mlp: bool = True, stack: StackShare | None = None,
+                 max_seq_len: int | None = None):
+        super().__init__(d_model, n_heads, causal, dropout, flavor=flavor, use_mlp=False, share_mlp=share_mlp,
+                         stack=stack, max_seq_len=max_seq_len)
+
+    extra_options = ()
+
+    @classmethod
+    def build_stack_shared(cls, **kwargs):
+        return None  # a static metric has no generator to share
+
+
+@register_attention("damcha_bm")
+class BudgetMatchedDAMCHA(MBasedAttention):
+    """Control: DAMCHA whose generator (collapsed, one hidden layer) is narrowed to MHA's parameter count."""
+
+    control = True
+    extra_options = ()
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", share_mlp: bool = True, stack: StackShare | None = None,
+                 max_seq_len: int | None = None):
+        # A shared generator (built by build_stack_shared for the whole stack) brings its own width; a layer with its
+        # own generator fills one layer's budget.
+        width = self.budget_width(d_model, n_heads, 1)
+        super().__init__(d_model, n_heads, causal, dropout, flavor=flavor, share_mlp=share_mlp, stack=stack,
+                         max_seq_len=max_seq_len, hidden_dims=(width,), collapsed_generator=True)
+
+    @staticmethod
+    def budget_width(d_model: int, n_heads: int, n_layers: int) -> int:
+        """The hidden width w whose collapsed generator, (D+1)·w + (w+1)·D²/H parameters, fills the n·(2D²+2D)
+        attention parameters MHA has beyond DAMCHA's V and O (so the model matches MHA's count)."""
+        D, out = d_model, d_model * d_model // n_heads
+        budget = n_layers * (2 * D * D + 2 * D)
+        return max(1, round((budget - out) / (D + 1 + out)))
+
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           share_mlp: bool = True, **options):
+        if not share_mlp:
+            return None
+        width = cls.budget_width(d_model, n_heads, n_layers)
+        return super().build_stack_shared(n_layers=n_layers, d_model=d_model, n_heads=n_heads, causal=causal,
+                                          dropout=dropout, hidden_dims=(width,), collapsed_generator=True)
+
+
+CONTROL_TARGETS = {"mha_pm": "damcha", "mha_ctx": "damcha", "damcha_bm": "mha"}  # whose parameter count each matches
+__all__ = ["CONTROL_TARGETS", "BudgetMatchedDAMCHA", "ContextMLP", "ContextMLPMHA", "ParamMatchedMHA",
+           "PositionwiseMLP", "StaticMetricDAMCHA", "damcha_generator_params", "mlp_params"]

@@ -1,0 +1,114 @@
+"""The synthetic cells' training (experiments/synthetic_fit.py): the grouped ensemble equals the per-seed path,
+early stopping keeps the best checkpoint, an interrupted group resumes with the same results; the decide preset."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from attention_zoo.experiments import synthetic as exp
+from attention_zoo.experiments.synthetic_fit import Fit, Group, Task
+
+CPU = torch.device("cpu")
+TASK = Task("regression", 1.0, n_train=256, n_val=64, n_test=64, reg_d_e=4, seq_len=6, noise=0.1, kappa=2.0)
+CLS = dataclasses.replace(TASK, task="classification", setting=4.0)
+FIT = Fit(max_steps=24, batch_size=16, lr=3e-3, warmup=4, eval_every=6, patience=2, budget_fracs=(0.5, 1.0),
+          ckpt_every=8)
+OPTS = {"hidden_dims": (8, 8)}
+SUPPORTED = ["mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm", "mma"]
+
+
+def _values(rows: list[dict]) -> dict:
+    return {(r["metric"], r.get("budget"), r.get("step")): r["value"] for r in rows}
+
+
+def _train(arm: str, ensemble: bool, task: Task = TASK, fit: Fit = FIT, **kw):
+    g = Group(task, arm, "paper", [0, 1, 2], 1, OPTS, fit, CPU, ensemble)
+    return g, g.train(**kw)
+
+
+@pytest.mark.parametrize("arm", SUPPORTED)
+def test_ensemble_equals_the_per_seed_path(arm):
+    g, fast = _train(arm, True)
+    assert g.path == "ensemble of 3", g.reason
+    _, slow = _train(arm, False)
+    for a, b in zip(fast, slow):
+        va, vb = _values(a), _values(b)
+        assert va.keys() == vb.keys()
+        for k in va:
+            if k[0] in ("train_cpu_s", "train_time_s"):
+                continue
+            assert va[k] == pytest.approx(vb[k], rel=1e-5, abs=1e-7), (arm, k)
+        assert any(r["path"] == "ensemble of 3" for r in a) and all(r["path"] == "per-seed" for r in b)
+
+
+@pytest.mark.parametrize("arm", ["tha", "dcmha", "colmha", "moa"])
+def test_variants_that_cannot_be_grouped_fall_back_and_say_why(arm):
+    g = Group(CLS, arm, "paper", [0, 1], 1, {}, dataclasses.replace(FIT, max_steps=2), CPU, True)
+    assert g.path == "per-seed" and g.reason.startswith("model:"), g.reason
+    rows = g.train()
+    assert len(rows) == 2 and all(r["path_reason"] == g.reason for r in rows[0])
+
+
+def test_early_stopping_keeps_the_best_checkpoint():
+    frozen = dataclasses.replace(FIT, lr=0.0, max_steps=60)  # nothing improves after the first evaluation
+    g, rows = _train("mha", True, fit=frozen)
+    v = _values(rows[0])
+    assert v[("steps_run", None, None)] == 6 * (1 + frozen.patience)  # stopped by patience, not the budget
+    assert v[("best_step", None, None)] == 6
+    g2, rows2 = _train("damcha", False)
+    for s, r in enumerate(rows2):  # the model left in place is each seed's best checkpoint
+        again = g2._test_metrics(g2.models[s], {k: v[s:s + 1] for k, v in g2.data.items()})[0]
+        assert _values(r)[("test_mse", None, None)] == pytest.approx(again["test_mse"])
+
+
+@pytest.mark.parametrize("ensemble", [True, False])
+def test_an_interrupted_group_resumes_with_the_same_results(tmp_path, ensemble):
+    _, whole = _train("damcha", ensemble)
+    ckpt = tmp_path / "group.pt"
+    _, first = _train("damcha", ensemble, ckpt=ckpt, stop_at=8)
+    assert first is None and (ckpt.is_file() or any(tmp_path.iterdir()))
+    _, resumed = _train("damcha", ensemble, ckpt=ckpt)
+    for a, b in zip(whole, resumed):
+        va, vb = _values(a), _values(b)
+        for k in va:
+            if k[0] not in ("train_cpu_s", "train_time_s"):
+                assert va[k] == pytest.approx(vb[k], rel=1e-6, abs=1e-9), k
+    assert not list(tmp_path.iterdir())  # a finished group removes its checkpoints
+
+
+def test_decide_preset_grid_and_arms():
+    args = exp.build_parser().parse_args(["--preset", "decide"])
+    cells = exp.build_cells(args, exp.PRESETS["decide"], "decide")
+    arms = {c["variant"] for c in cells}
+    assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm"}
+    assert {c["lam"] for c in cells if c["task"] == "regression"} == {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}
+    assert {c["d_e"] for c in cells if c["task"] == "classification"} == {4, 8, 12, 16, 20}
+    assert {c["seed"] for c in cells} == set(range(10)) and len(cells) == 11 * 6 * 10
+    fit = exp.PRESETS["decide"].fit
+    assert fit.patience and fit.eval_every and len(fit.budget_fracs) >= 4
+    groups = exp.groups_of(cells)
+    assert len(groups) == 66 and all(len(g) == 10 for g in groups)
+
+
+def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
+    argv = ["--preset", "decide", "--steps", "12", "--seeds", "0", "1", "--lambda", "1", "--de", "4",
+            "--variants", "mha,damcha,mha_ctx", "--workers", "1", "--threads", "1", "--quiet", "--out", str(tmp_path)]
+    threads = torch.get_num_threads()
+    try:
+        assert exp.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "I.lambda1" in out and "[decide]" in out
+    long = pd.read_csv(tmp_path / "synthetic_long.csv")
+    for metric in ("test_r2", "trivial_mse", "oracle_mse", "test_acc_norm", "chance_acc", "test_mse@budget",
+                   "val_loss@step", "train_flops", "train_cpu_s"):
+        assert metric in set(long["metric"]), metric
+    assert set(long.loc[long["metric"] == "test_mse@budget", "budget"]) == {0.125, 0.25, 0.5, 1.0}
+    md = (tmp_path / "synthetic.md").read_text()
+    assert "## Verdicts on the paper's claims" in md and "### Calibration" in md and "n=2" in md
+    for fig in ("figure12_r2.png", "figure12_gain.png", "figure13_accuracy.png", "figure13_gain.png",
+                "synthetic_budget_gain_regression.png"):
+        assert (tmp_path / fig).stat().st_size > 0, fig
