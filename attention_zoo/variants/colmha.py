@@ -44,7 +44,9 @@ class CollaborativeAttention(AttentionBase):
     """Collaborative multi-head attention: heads share q/k projections and differ by mixing (Cordonnier et al.).
 
     Args:
-        shared_dim: D̃, the width of the shared q/k space (``paper``; default d_model).
+        shared_dim: D̃, the width of the shared q/k space (``paper``; default None = d_model; the paper's headline
+            setting is d_model // 4). The resolved width is the attribute ``shared_dim`` (both flavours;
+            ``damcha_repo``: d_model) and is shown by ``repr``.
         mixing_init: ``"uniform"`` (official default; actually N(0, 0.2²)) or ``"concatenate"`` (head i selects
             its ⌈D̃/H⌉-wide chunk, so the module starts as MHA) (``paper``).
         content_bias: add the key-only term x_s·c_i (``paper``, default True).
@@ -76,7 +78,8 @@ class CollaborativeAttention(AttentionBase):
             given = [n for n, v in zip(_PAPER_ONLY, (shared_dim, mixing_init, content_bias)) if v is not None]
             if given:
                 raise ValueError(f"{given[0]}: only the 'paper' flavor takes this option, got flavor='damcha_repo'")
-            self.q_proj = nn.Linear(D, D, bias=False)  # shared bases, split into H chunks of d_h
+            self.shared_dim = D  # the shared bases are D wide, split into H chunks of d_h
+            self.q_proj = nn.Linear(D, D, bias=False)
             self.k_proj = nn.Linear(D, D, bias=False)
             self.combine_q = nn.Parameter(torch.eye(H) + 0.01 * torch.randn(H, H))  # [out head, in head]
             self.combine_k = nn.Parameter(torch.eye(H) + 0.01 * torch.randn(H, H))
@@ -152,7 +155,7 @@ class CollaborativeAttention(AttentionBase):
 
     def extra_repr(self) -> str:
         if self.flavor == "damcha_repo":
-            return super().extra_repr()
+            return f"{super().extra_repr()}, shared_dim={self.shared_dim}"
         return (
             f"{super().extra_repr()}, shared_dim={self.shared_dim}, mixing_init={self.mixing_init!r}, "
             f"content_bias={self.content_proj is not None}"

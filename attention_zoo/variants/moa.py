@@ -128,9 +128,10 @@ def _check_weight(name: str, value) -> float:
 class MixtureOfAttentionHeads(AttentionBase):
     """Mixture of Attention Heads (MoA, arXiv 2210.05144): per-token top-k routing over attention experts.
 
-    Options: ``n_experts`` E (default 2H), ``top_k`` k (default H), head width d_h = D/H. ``paper`` only:
-    ``switch_weight``, ``z_weight``, ``cv_weight`` (aux-loss weights), ``noisy_gating`` (learned Gaussian noise
-    on the router logits in training). After every forward ``aux_loss`` holds the weighted balancing loss
+    Options: ``n_experts`` E (default 2H), ``top_k`` k (default H). ``paper`` only: ``head_dim`` d_h, the width of
+    every expert's query and of the shared key/value (default D/H; the MoA authors use 128 or 256 with 8-12
+    experts), ``switch_weight``, ``z_weight``, ``cv_weight`` (aux-loss weights), ``noisy_gating`` (learned Gaussian
+    noise on the router logits in training). After every forward ``aux_loss`` holds the weighted balancing loss
     (a zero scalar in ``damcha_repo``) and ``last_expert_load`` the number of real tokens routed to each
     expert ([E], detached). The zero-initialised ``paper`` router gives all experts equal probability at
     step 0; ties are broken towards the lowest expert index (a stable sort: ``torch.topk`` on CPU breaks them
@@ -138,8 +139,8 @@ class MixtureOfAttentionHeads(AttentionBase):
     A per-head ``attn_mask`` [B,H,T,S] must be identical across heads: experts are not heads.
 
     Raises:
-        ValueError: ``n_experts``/``top_k`` not positive ints, ``top_k > n_experts``; a negative or non-finite
-            aux-loss weight; ``noisy_gating`` not a bool or set with ``flavor="damcha_repo"``; a per-head
+        ValueError: ``n_experts``/``top_k``/``head_dim`` not positive ints, ``top_k > n_experts``; a negative or
+            non-finite aux-loss weight; ``noisy_gating`` or ``head_dim`` set with ``flavor="damcha_repo"``; a per-head
             ``attn_mask`` whose heads differ; and everything ``AttentionBase`` rejects.
     """
 
@@ -168,6 +169,7 @@ class MixtureOfAttentionHeads(AttentionBase):
         flavor: str = "paper",
         n_experts: int | None = None,
         top_k: int | None = None,
+        head_dim: int | None = None,
         switch_weight: float = 0.01,
         z_weight: float = 0.001,
         cv_weight: float = 0.0,
@@ -187,6 +189,10 @@ class MixtureOfAttentionHeads(AttentionBase):
         if noisy_gating and flavor == "damcha_repo":
             raise ValueError("noisy_gating: only the 'paper' flavour has noisy gating")
         self.noisy_gating = noisy_gating
+        if head_dim is not None:
+            if flavor == "damcha_repo":
+                raise ValueError("head_dim: only the 'paper' flavour takes it (the DAMCHA authors' code uses D/H)")
+            self.head_dim = check_positive_int("head_dim", head_dim)  # replaces the base's D/H
         self.last_expert_load: Tensor | None = None
         D, E, k, dh = d_model, self.n_experts, self.top_k, self.head_dim
         if flavor == "paper":
@@ -281,6 +287,8 @@ class MixtureOfAttentionHeads(AttentionBase):
 
     # ---- costs ---------------------------------------------------------------------------------------------
     def analytic_params(self) -> int:
+        """``paper``: 2EDd_h + 2Dd_h + DE (+DE noise router), d_h = ``head_dim``; ``damcha_repo``: 3EDd_h + kd_hD +
+        D + DE + E (docs/variants.md §9)."""
         D, E, k, dh = self.d_model, self.n_experts, self.top_k, self.head_dim
         if self.flavor == "paper":
             return 2 * E * D * dh + 2 * D * dh + D * E * (2 if self.noisy_gating else 1)
@@ -293,6 +301,9 @@ class MixtureOfAttentionHeads(AttentionBase):
             router = 2 * D * E * (2 if self.noisy_gating else 1)
             return batch * (T * (router + 4 * k * D * dh + 4 * D * dh) + 4 * k * dh * T * T)
         return batch * (6 * T * E * D * dh + 4 * E * T * T * dh + 2 * T * D * E + 2 * T * k * dh * D)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, n_experts={self.n_experts}, top_k={self.top_k}, head_dim={self.head_dim}"
 
 
 def _top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
