@@ -19,6 +19,7 @@ CAPABILITY_FLAGS = (
     "has_aux_loss",  # sets ``aux_loss`` in forward; backbones collect auxiliary losses only from such variants
     "stack_shared",  # takes a ``stack`` argument and shares a module across a stack (build_stack_shared hook)
     "has_metric",  # exposes get_M_matrices()
+    "rotary_ok",  # applies rotary positions (forward's ``rotary``) to its queries and keys
 )
 ATTENTION_CORES = ("fused", "full logits", "explicit")
 

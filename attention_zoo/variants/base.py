@@ -4,12 +4,14 @@ Mask convention (docs/design.md): ``padding_mask`` bool/int [B,T], True = real t
 (True = visible) or float (added to the logits), shaped [T,S], [B,T,S] or [B,H,T,S]. Everything is
 resolved once (``masks.resolve_masks``) into a boolean ``keep`` mask plus a finite additive ``bias``; query rows
 with no visible key ("dead" rows) get zero logits before the softmax and zero output after it, so they stay finite.
+Rotary positions (``rotary``, ``rotary.py``) reach the variants that declare ``rotary_ok``.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from ..checks import (  # noqa: F401 - the variants take their checks from here
     check_positive_int,
 )
 from .masks import Masks, resolve_masks  # noqa: F401 - re-exported: the variants take them from here
+from .rotary import Rotary, apply_rotary  # noqa: F401 - re-exported, as above
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,11 @@ class AttentionBase(nn.Module, abc.ABC):
 
     Subclasses implement ``_attend(x, masks, stack_context)``, ``analytic_params()`` and
     ``analytic_flops(batch, seq_len)`` and set the capability flags below. Optional hooks, with neutral defaults
-    here (docs/design.md, "Hooks"): ``extra_keep``, ``get_M_matrices``, ``fvcore_handles`` and the stack-sharing
-    protocol ``build_stack_shared`` / ``stack_context`` with the ``stack: StackShare`` constructor argument.
+    here (docs/design.md, "Hooks"): ``extra_keep``, ``get_M_matrices``, ``fvcore_handles``, the stack-sharing
+    protocol ``build_stack_shared`` / ``stack_context`` with the ``stack: StackShare`` constructor argument, and
+    rotary positions: a variant with ``rotary_ok = True`` implements ``_attend(x, masks, stack_context,
+    rotary=None)`` and rotates the queries and keys it forms (``apply_rotary``), whose widths ``rotary_widths()``
+    declares.
     """
 
     # capability flags, read by the registry (see registry.CAPABILITY_FLAGS)
@@ -92,6 +98,7 @@ class AttentionBase(nn.Module, abc.ABC):
     has_aux_loss = False
     stack_shared = False
     has_metric = False
+    rotary_ok = False  # applies the rotary positions handed to forward (``rotary``) to its queries and keys
     flavors: tuple[str, ...] = ("paper",)
     registry_name = "?"
 
@@ -146,18 +153,24 @@ class AttentionBase(nn.Module, abc.ABC):
         padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         stack_context=None,
+        rotary: Rotary | tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero.
+        """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero. ``rotary``: RoPE ``(cos, sin)``,
+        [T, r] or [B, T, r] each, applied to the queries and keys (variants with ``rotary_ok``).
 
         Raises:
             ValueError: x not a floating [B,T,d_model] tensor of the parameters' dtype (outside autocast) or
                 longer than max_seq_len; padding_mask not bool/int [B,T]; attn_mask not bool/int/float of shape
                 [T,S], [B,T,S] or [B,H,T,S], or a float mask with NaN or +inf; stack_context given to a variant
-                without stack sharing.
+                without stack sharing; rotary given to a variant without ``rotary_ok`` or malformed
+                (``Rotary.check``).
         """
         padding_mask, attn_mask = self.check_inputs(x, padding_mask, attn_mask)
         if stack_context is not None and not self.stack_shared:
             raise _err("stack_context", f"{type(self).__name__} does not take a stack context")
+        if rotary is not None and not self.rotary_ok:
+            raise _err("rotary", f"{type(self).__name__} does not apply rotary positions (no rotary_ok capability)")
+        rotary = Rotary.check(rotary, x.shape[0], x.shape[1], self.rotary_widths(), x.device)
         if padding_mask is not None:
             # Padded positions join no computation that mixes positions (keys, context means, routing), so
             # whatever they hold (NaN or ±Inf included) cannot reach the real tokens' outputs.
@@ -165,7 +178,8 @@ class AttentionBase(nn.Module, abc.ABC):
         B, T, _ = x.shape
         extra = self.extra_keep(T, x.device)
         masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, extra)
-        y = self._attend(x, masks, stack_context)
+        # Only rotary_ok variants take the argument: an attention without positions keeps the three-argument hook.
+        y = self._attend(x, masks, stack_context) if rotary is None else self._attend(x, masks, stack_context, rotary)
         if masks.padding is not None:
             y = y.masked_fill(~masks.padding[..., None], 0.0)
         return y
@@ -226,6 +240,17 @@ class AttentionBase(nn.Module, abc.ABC):
         """[(name, D×D metric)] for variants with ``has_metric``, for plots; none by default."""
         return []
 
+    def rotary_widths(self) -> tuple[int, ...]:
+        """Widths of the query/key vectors this attention rotates (``rotary_ok``); a rotary of width r applies when r
+        divides each of them. Default: the head width."""
+        return (self.head_dim,)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotary width a backbone builds for this attention (``Decoder(positions="rope")``): the largest width
+        dividing the head width and every rotated width, so wider spaces (ColMHA's D̃) rotate head-wide blocks."""
+        return math.gcd(self.head_dim, *self.rotary_widths())
+
     @classmethod
     def bool_options(cls) -> set[str]:
         """Names of the options typed ``bool`` (from the constructor's annotations), which option parsers read
@@ -269,7 +294,8 @@ class AttentionBase(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
-        """x [B,T,D] -> y [B,T,D] under the resolved masks."""
+        """x [B,T,D] -> y [B,T,D] under the resolved masks (``rotary_ok`` variants: ``_attend(x, masks,
+        stack_context, rotary=None)``, with the validated ``Rotary`` or None)."""
 
     @abc.abstractmethod
     def analytic_params(self) -> int:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_choice, check_positive_int
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 
 _PAPER_ONLY = ("shared_dim", "mixing_init", "content_bias")
 
@@ -57,6 +57,7 @@ class CollaborativeAttention(AttentionBase):
     """
 
     fused_kernel = False  # explicit core: faster than SDPA's math fallback on CPU (module docstring)
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     def __init__(
@@ -107,7 +108,11 @@ class CollaborativeAttention(AttentionBase):
         chunk = math.ceil(shared_dim / n_heads)  # the last head gets a smaller chunk when D̃ % H != 0
         return (torch.arange(shared_dim)[None, :] // chunk == torch.arange(n_heads)[:, None]).float()  # (H, D̃)
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def rotary_widths(self) -> tuple[int, ...]:
+        """``paper``: RoPE acts in the shared D̃-wide key space (in head-wide blocks when D̃ is a multiple of d_h)."""
+        return (self.shared_dim,) if self.flavor == "paper" else (self.head_dim,)
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, _ = x.shape
         H = self.n_heads
         v = self.split_heads(self.v_proj(x))  # (B, H, T, dh)
@@ -116,6 +121,7 @@ class CollaborativeAttention(AttentionBase):
             k = self.k_proj(x).view(B, T, H, self.head_dim)
             q = torch.einsum("oi,btid->botd", self.combine_q, q)  # (B, H_out, T, dh)
             k = torch.einsum("oi,btid->botd", self.combine_k, k)
+            q, k = apply_rotary(q, k, rotary)  # on the mixed per-head queries and keys
             out = self.sdpa(q, k, v, masks)
         else:
             Dt = self.shared_dim
@@ -123,6 +129,8 @@ class CollaborativeAttention(AttentionBase):
             k = self.k_proj(x)  # (B, T, D̃)
             # the scale is folded into the small operands instead of the [B,H,T,S] logits
             qm = q[:, None] * (self.mixing * self.scale)[:, None, :]  # (B, H, T, D̃)
+            if rotary is not None:  # each head's query Q̃ ⊙ m_i and the shared key K̃, so scores stay relative
+                qm, k = rotary.rotate(qm), rotary.rotate(k, heads=False)
             scores = (qm.view(B, H * T, Dt) @ k.transpose(1, 2)).view(B, H, T, T)  # (B, H, T, S)
             if self.content_proj is not None:
                 cb = self.content_proj(x) * self.scale  # (B, S, H)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_choice, check_positive_int
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
@@ -82,6 +82,7 @@ class DynamicallyComposableMHA(AttentionBase):
     """
 
     needs_full_logits = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     def __init__(
@@ -166,10 +167,11 @@ class DynamicallyComposableMHA(AttentionBase):
         gate = torch.tanh(self.dyn_d(x)).view(B, T, n, H)  # (B, T, n, H)
         return {c: (w1[:, :, i], w2[:, :, i], gate[:, :, i]) for i, c in enumerate(self.splits)}
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = apply_rotary(q, k, rotary)  # before the logits; Compose mixes relative logits, its weights read x
         q = q * self.head_dim**-0.5  # Compose is linear, so scaling q equals scaling the logits
         k_t = k.transpose(-2, -1)  # (B, H, dh, S)
         dyn = self.dynamic_weights(x) if self.splits else {}

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int, value_shape
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_positive_int, value_shape
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -147,6 +147,7 @@ class MixtureOfAttentionHeads(AttentionBase):
     fused_kernel = True
     data_dependent_compute = True
     has_aux_loss = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     @classmethod
@@ -223,12 +224,13 @@ class MixtureOfAttentionHeads(AttentionBase):
             attn_mask = attn_mask[:, :1]  # (B, 1, T, S)
         return padding_mask, attn_mask
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         real = None if masks.padding is None else masks.padding.reshape(-1)  # (B*T,) True = real token
-        return self._paper(x, masks, real) if self.flavor == "paper" else self._damcha_repo(x, masks, real)
+        run = self._paper if self.flavor == "paper" else self._damcha_repo
+        return run(x, masks, real, rotary)
 
     # ---- paper -------------------------------------------------------------------------------------------
-    def _paper(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+    def _paper(self, x: Tensor, masks: Masks, real: Tensor | None, rotary: Rotary | None) -> Tensor:
         B, T, D = x.shape
         N, E, k, dh = B * T, self.n_experts, self.top_k, self.head_dim
         xf = x.reshape(N, D)
@@ -246,8 +248,9 @@ class MixtureOfAttentionHeads(AttentionBase):
         q = _ExpertLinear.apply(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
         q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
         kv = self.kv(x).view(B, 1, T, 2, dh)  # shared K/V: one "group" that all k slots read (GQA)
+        q, k_ = apply_rotary(q, kv[..., 0, :], rotary)  # each expert's query and the shared key
         o = F.scaled_dot_product_attention(  # GQA: no [B,k,T,dh] copies of K/V or of their gradients
-            q, kv[..., 0, :], kv[..., 1, :], dropout_p=self.dropout_p if self.training else 0.0, enable_gqa=True,
+            q, k_, kv[..., 1, :], dropout_p=self.dropout_p if self.training else 0.0, enable_gqa=True,
             **masks.sdpa_args(q.dtype),
         )
         o = masks.zero_dead(o).transpose(1, 2) * gates.view(B, T, k, 1)  # (B, T, k, dh)
@@ -271,13 +274,14 @@ class MixtureOfAttentionHeads(AttentionBase):
         return self.switch_weight * switch + self.z_weight * z + self.cv_weight * cv
 
     # ---- damcha_repo ---------------------------------------------------------------------------------------
-    def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+    def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None, rotary: Rotary | None) -> Tensor:
         B, T, D = x.shape
         E, k, dh = self.n_experts, self.top_k, self.head_dim
         top, idx = _top_k(self.router(x), k)  # (B, T, k) logits in rank order
         gates = torch.softmax(top, dim=-1)  # renormalised over the k selected
         w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
         q, k_, v = (x @ w).view(B, T, 3, E, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, E, T, dh)
+        q, k_ = apply_rotary(q, k_, rotary)
         out = self.sdpa(q, k_, v, masks).transpose(1, 2)  # (B, T, E, dh): every expert, dense
         out = out.gather(2, idx[..., None].expand(B, T, k, dh)) * gates[..., None]  # (B, T, k, dh) by rank
         routed = torch.zeros(B * T, E, device=x.device).scatter(1, idx.reshape(-1, k), 1.0)  # (B*T, E)
