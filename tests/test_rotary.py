@@ -94,3 +94,45 @@ def test_bad_rotary_is_refused_by_name():
     for r in bad:
         with pytest.raises(ValueError, match=r"^rotary: "):
             mha(x, rotary=r)
+
+
+# ---- Decoder(positions="rope") ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in VARIANTS if zoo.get_attention_spec(n).rotary_ok])
+def test_decoder_with_rope_is_causal_and_trains(name):
+    torch.manual_seed(0)
+    model = zoo.models.Decoder(64, D, 2, H, attention=name, attention_options=small_opts(name), positions="rope",
+                               max_seq_len=16)
+    assert model.pos_emb is None
+    tokens = torch.randint(0, 64, (2, 9))
+    model.eval()
+    with torch.no_grad():
+        full = model(tokens).logits
+        prefix = model(tokens[:, :5]).logits
+        changed = tokens.clone()
+        changed[:, 6:] = (changed[:, 6:] + 1) % 64
+        torch.testing.assert_close(prefix, full[:, :5], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(changed).logits[:, :6], full[:, :6], atol=1e-5, rtol=0)
+        swapped = tokens[:, [1, 0, *range(2, 9)]]  # an order change reaches the logits through positions only
+        assert (model(swapped).logits[:, 2] - full[:, 2]).abs().max() > 1e-4
+    model.train()
+    out = model(tokens)
+    loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tokens.flatten()) + out.aux_loss
+    loss.backward()
+    for i, attn in enumerate(model.stack.attentions()):
+        grads = [p.grad for p in attn.parameters()]
+        assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), (name, i)
+        assert any(g.abs().sum() > 0 for g in grads), (name, i)
+
+
+def test_decoder_rope_needs_the_capability():
+    from attention_zoo import registry
+
+    before = dict(registry._REGISTRY)
+    try:
+        zoo.register_attention("nopos")(_NoPositions)
+        zoo.models.Decoder(64, D, 2, H, attention="nopos")  # fine with additive positions
+        with pytest.raises(ValueError, match=r"^positions: 'rope' needs an attention .*'nopos' does not"):
+            zoo.models.Decoder(64, D, 2, H, attention="nopos", positions="rope")
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
