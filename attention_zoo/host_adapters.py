@@ -77,7 +77,9 @@ class _Swapped(nn.Module):
     def causal(self) -> bool:
         return self.attn.causal
 
-    def _check_causality(self, causal_call: bool) -> None:
+    def _check_causality(self, causal_call: bool, seq_len: int) -> None:
+        if seq_len == 1:
+            return  # one position: causal and non-causal attention coincide, so either call is valid
         if causal_call and not self.causal:
             raise _fail(self.path, "called causally (is_causal or a mask hiding every future key) but the swapped "
                                    "attention was built non-causal; pass causal=True to swap_attention")
@@ -111,7 +113,7 @@ class TimmAttentionAdapter(_Swapped):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         causal_call = bool(is_causal) or (attn_mask is not None and _hides_future(_visible(attn_mask)))
-        self._check_causality(causal_call)
+        self._check_causality(causal_call, x.shape[1])
         if attn_mask is not None and causal_call and _pure_causal(attn_mask):
             attn_mask = None  # causality itself is enforced by the causal attention
         return self.proj_drop(self._attend(x, None, attn_mask))
@@ -156,7 +158,7 @@ class TorchMultiheadAttentionAdapter(_Swapped):
         padding, bias = self._padding(key_padding_mask, B, T)
         mask = self._attn_mask(attn_mask, B, T)
         causal_call = bool(is_causal) or (mask is not None and _hides_future(_visible(mask)))
-        self._check_causality(causal_call)
+        self._check_causality(causal_call, T)
         if mask is not None and causal_call and _pure_causal(mask):
             mask = None  # causality itself is enforced by the causal attention
         if bias is not None:  # a float key_padding_mask with finite non-zero entries: an additive key bias
