@@ -13,11 +13,12 @@ from .registry import (
     list_attentions,
     register_attention,
 )
-from .variants import AttentionBase, StackShare, collect_aux_losses
+from .variants import AttentionBase, Rotary, StackShare, collect_aux_losses
 
 __all__ = [
     "AttentionBase",
     "AttentionSpec",
+    "Rotary",
     "StackShare",
     "collect_aux_losses",
     "create_attention",

@@ -1,7 +1,7 @@
 """Drop-in: put any registered attention into a model you already have (``zoo.swap_attention``).
 
-Supported hosts (each self-attention module is replaced by a thin adapter, in ``host_adapters.py``, that speaks the
-host's calling convention and owns one of our attention modules as ``.attn``):
+Supported hosts (each self-attention module is replaced by a thin adapter, in ``host_adapters.py`` and
+``hf_adapters.py``, that speaks the host's calling convention and owns one of our attention modules as ``.attn``):
 
 - timm ``VisionTransformer`` (timm 1.0.x): every ``timm.layers.Attention`` (``forward(x, attn_mask, is_causal)``);
   non-causal. The host's ``proj_drop`` is kept.
@@ -9,6 +9,11 @@ host's calling convention and owns one of our attention modules as ``.attn``):
   causal, with the padding of ``attention_mask``. ``use_cache`` works: the cache holds each layer's attention
   *input* and the layer recomputes over the prefix, which is exact for every variant because they are causal
   (``DynamicCache`` only). The host's ``resid_dropout`` is kept.
+- Hugging Face ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (and their base models): every
+  ``LlamaAttention`` / ``MistralAttention`` / ``Qwen2Attention``; causal, padding as GPT-2, and the host's rotary
+  ``position_embeddings`` reach the new attention as ``rotary`` (its ``rotary_ok`` capability; each variant rotates
+  its own queries and keys, docs/variants.md §0.4). ``use_cache`` as GPT-2 (the cache also keeps each position's
+  cos/sin). Sliding windows are refused; grouped K/V heads are refused for copying.
 - ``torch.nn.MultiheadAttention`` (bare, or inside ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder``):
   ``batch_first`` both ways, unbatched inputs, ``key_padding_mask``, ``attn_mask`` (bool: True = masked, or
   float) and ``is_causal``. The module returns ``(output, None)``: attention weights are not returned.
@@ -18,22 +23,29 @@ float). Padded positions follow our contract: they are neither keys nor part of 
 attention output at a padded query is zero (the hosts compute something there); real positions are unchanged.
 
 Causality is fixed when the module is built (our variants compute differently when causal, e.g. DAMCHA's prefix
-means), so each adapter checks every call: a causal call (``is_causal`` or a mask hiding every future key) to a
-non-causal attention, or the reverse, raises a ValueError naming the module path and the ``causal=`` to pass.
+means), so each adapter checks every call of more than one position: a causal call (``is_causal`` or a mask hiding
+every future key) to a non-causal attention, or the reverse, raises a ValueError naming the module path and the
+``causal=`` to pass.
 
 With ``copy_weights=True`` (default) the host's q/k/v and output projections (and biases; a missing host bias is
 copied as zero) are copied into any new attention that has the MHA projection layout (a ``qkv`` Linear D→3D and
 an ``out_proj`` Linear D→D): with ``name="mha"`` the swapped model reproduces the original's outputs. Variants with
-other parameters keep their own initialisation for those.
+other parameters keep their own initialisation for those. Width, heads and attention dropout are the host's: the
+options ``d_model``, ``n_heads``, ``dropout`` (and the backbone's ``stack``, ``n_layers``, ``rotary``) are refused.
 
-Stack-shared variants (spec flag ``stack_shared``) get one shared module for all swapped layers, built with the
-attention class's ``build_stack_shared`` hook exactly as ``models.AttentionStack`` does. It is registered once, on
-the model, as ``attention_zoo_shared`` (a ``SharedStackContext``), which computes the stack context once per
-forward with the class's ``stack_context(shared, x, padding_mask)`` hook on the input of the first swapped layer's
-block (a forward pre-hook on that block; the hosts' blocks are pre-LN, so this is the residual stream, as in
-``AttentionStack``) and hands it to every layer; each layer gets ``stack=StackShare(shared, i, n_layers)``. Where
-no known block encloses the first layer (a bare ``nn.MultiheadAttention``), that layer computes the context on
-its own input. Whether anything is shared is the variant's own option (DAMCHA: ``share_mlp``, default True).
+Stack-shared variants (spec flag ``stack_shared``) get one shared module per stack of swapped layers, built with the
+attention class's ``build_stack_shared`` hook exactly as ``models.AttentionStack`` does. A stack is the set of
+swapped layers whose blocks one module holds (``transformer.h``, ``blocks``, ``layers``, ``model.layers``), so two
+towers in one model (two GPT-2s, a ViT encoder and a GPT-2 decoder) have a context each. Each stack's module is
+registered on the model as ``attention_zoo_shared`` (the next ones ``attention_zoo_shared_1``, ...; a
+``SharedStackContext``), which computes the stack context once per forward with the class's ``stack_context(shared,
+x, padding_mask)`` hook on the input of the stack's first swapped layer's block (a forward pre-hook on that block;
+the hosts' blocks are pre-LN, so this is the residual stream, as in ``AttentionStack``) and hands it to every layer;
+each layer gets ``stack=StackShare(shared, i, n_layers)``. Where no known block encloses the first layer (a bare
+``nn.MultiheadAttention``), that layer computes the context on its own input. Whether anything is shared is the
+variant's own option (DAMCHA: ``share_mlp``, default True). Copies (``copy.deepcopy``, pickling) carry their own
+context and hooks; gradient checkpointing (HF ``gradient_checkpointing_enable()``, timm
+``set_grad_checkpointing()``) works in its default non-reentrant form and is refused in the reentrant one.
 """
 
 from __future__ import annotations
@@ -41,129 +53,127 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .host_adapters import (
-    GPT2AttentionAdapter,
-    TimmAttentionAdapter,
-    TorchMultiheadAttentionAdapter,
-    _fail,
-    _gpt2_module,
-    _host_kind,
-    _Swapped,
-)
+from .hf_adapters import GPT2AttentionAdapter, LlamaAttentionAdapter
+from .host_adapters import HostLayout, TimmAttentionAdapter, TorchMultiheadAttentionAdapter, _fail, _Swapped
 from .registry import create_attention, get_attention_spec
 from .variants.base import StackShare
 
 __all__ = ["swap_attention", "SharedStackContext"]
 
 _SHARED_NAME = "attention_zoo_shared"
+HOSTS: tuple[type[_Swapped], ...] = (TorchMultiheadAttentionAdapter, TimmAttentionAdapter, GPT2AttentionAdapter,
+                                     LlamaAttentionAdapter)
+# What each host attention fixes, and what swap_attention sets itself: refused among the options.
+_FIXED = {"d_model": "the host attention's width", "n_heads": "the host attention's head count",
+          "dropout": "the host attention's dropout", "stack": "set by swap_attention for stack-shared variants",
+          "n_layers": "the number of swapped layers", "rotary": "the host's positions, handed at every call"}
 
 
 # ---- stack sharing -----------------------------------------------------------------------------------------
 class SharedStackContext(nn.Module):
-    """Owns the module shared by the swapped layers (``build_stack_shared``) and computes its stack context
-    (``stack_context(x, padding_mask)``) once per forward, on the input of the first swapped layer's block."""
+    """Owns the module shared by one stack of swapped layers (``build_stack_shared``) and computes its stack context
+    (``stack_context(x, padding_mask)``) once per forward, on the input of the stack's first swapped layer's block.
 
-    def __init__(self, attention_cls: type, shared: nn.Module, n_layers: int):
+    The context of a forward run with autograd stays until the next forward begins: gradient checkpointing recomputes
+    each block during backward, and the recomputation must see the same context. Copies start without one."""
+
+    def __init__(self, attention_cls: type, shared: nn.Module, n_layers: int, path: str):
         super().__init__()
-        self.shared, self.n_layers = shared, n_layers
+        self.shared, self.n_layers, self.path = shared, n_layers, path
         self._attention_cls = attention_cls
-        self._ctx, self._ready, self._shape = None, False, None
-
-    def end(self) -> None:
-        self._ctx, self._ready = None, False  # no graph kept on the module between forwards
-
-    def begin(self, x: Tensor, padding_mask: Tensor | None) -> None:
-        self._ctx = self._attention_cls.stack_context(self.shared, x, padding_mask)
-        self._ready, self._shape = True, tuple(x.shape[:2])
-
-    def context_for(self, layer: _Swapped, x: Tensor, padding_mask: Tensor | None):
-        """The context of this forward. Without an enclosing block that announced it (a bare swapped module, or a
-        host whose blocks are not known), the first layer computes it on its own input; any layer does when the
-        stored one is for another batch shape."""
-        if (not self._ready or (layer.layer_idx == 0 and not self._hooked)
-                or self._shape != tuple(x.shape[:2])):
-            self.begin(x, padding_mask)
-        return self._ctx
+        self._ctx, self._ready, self._shape, self._grad = None, False, None, False
 
     _hooked = False
 
+    def __getstate__(self):
+        # deepcopy and pickle: the context belongs to the original's forward (and may hold graph tensors, which
+        # deepcopy refuses)
+        state = super().__getstate__()
+        state.update(_ctx=None, _ready=False, _shape=None)
+        return state
+
+    def clear(self) -> None:
+        self._ctx, self._ready = None, False
+
+    def finish(self) -> None:
+        """After the stack's last block: drop the context unless a backward (with recomputation) may follow."""
+        if not torch.is_grad_enabled():
+            self.clear()
+
+    def begin(self, x: Tensor, padding_mask: Tensor | None) -> None:
+        self._ctx = self._attention_cls.stack_context(self.shared, x, padding_mask)
+        self._ready, self._shape, self._grad = True, tuple(x.shape[:2]), torch.is_grad_enabled()
+
+    def context_for(self, layer: _Swapped, x: Tensor, padding_mask: Tensor | None):
+        """The context of this forward. Without an enclosing block that announced it (a bare swapped module, or a
+        host whose blocks are not known), the first layer computes it on its own input, and any layer does when the
+        stored one is for another batch shape.
+
+        Raises:
+            ValueError: (hooked stacks) a layer run without its stack's first block in the same forward, or without
+                autograd while the context has it: both are what reentrant gradient checkpointing does.
+        """
+        shape = tuple(x.shape[:2])
+        if not self._hooked:
+            if not self._ready or layer.layer_idx == 0 or self._shape != shape:
+                self.begin(x, padding_mask)
+            return self._ctx
+        reentrant = ("gradient checkpointing with use_reentrant=True recomputes each block on its own; use "
+                     "use_reentrant=False (the default of HF's gradient_checkpointing_enable and timm's "
+                     "set_grad_checkpointing) or share_mlp=False")
+        if not self._ready or self._shape != shape:
+            raise _fail(layer.path, f"the stack context of this forward is missing (the layer ran without the first "
+                                    f"block of its stack, {self.path}); {reentrant}")
+        if self._grad and not torch.is_grad_enabled():
+            raise _fail(layer.path, f"runs without autograd inside a forward whose stack context has it; {reentrant}")
+        return self._ctx
+
+
+class _StackBegin:
+    """Forward pre-hook on the block around a stack's first swapped layer: computes the stack context. An object,
+    not a closure, so that deepcopy and pickle carry it to a copy, where it drives the copy's own context."""
+
+    def __init__(self, stack: SharedStackContext, adapter: _Swapped):
+        self.stack, self.adapter = stack, adapter
+
+    def __call__(self, _block, args, kwargs):
+        got = self.adapter.block_input(args, kwargs)
+        if got is None:
+            self.stack.clear()
+            return
+        x, padding = got
+        if padding is not None:
+            padding = self.adapter.attn.check_inputs(x, padding, None)[0]
+        self.stack.begin(x, padding)
+
+
+class _StackEnd:
+    """Forward hook on the block around a stack's last swapped layer (see ``SharedStackContext.finish``)."""
+
+    def __init__(self, stack: SharedStackContext):
+        self.stack = stack
+
+    def __call__(self, _block, _args, _kwargs, _out):
+        self.stack.finish()
+
 
 def _install_stack_hooks(stack: SharedStackContext, first: tuple, last: tuple) -> None:
-    """Pre-hook on the block around the first swapped layer (compute the context), hook after the last (drop it)."""
     (first_adapter, first_block), (_, last_block) = first, last
     if first_block is None or last_block is None:
         return
-
-    def pre(_mod, args, kwargs):
-        got = first_adapter.block_input(args, kwargs)
-        if got is None:
-            stack.end()
-        else:
-            x, padding = got
-            if padding is not None:
-                padding = first_adapter.attn.check_inputs(x, padding, None)[0]
-            stack.begin(x, padding)
-
-    def post(_mod, _args, _kwargs, _out):
-        stack.end()
-
-    first_block.register_forward_pre_hook(pre, with_kwargs=True)
-    last_block.register_forward_hook(post, with_kwargs=True)
+    first_block.register_forward_pre_hook(_StackBegin(stack, first_adapter), with_kwargs=True)
+    last_block.register_forward_hook(_StackEnd(stack), with_kwargs=True)
     stack._hooked = True
 
 
+def _stack_key(name: str) -> str:
+    """The stack a host attention belongs to: the module holding its block (``transformer.h.0.attn`` ->
+    ``transformer.h``; the root when there is none)."""
+    parts = name.split(".")
+    return ".".join(parts[:-2])
+
+
 # ---- building ----------------------------------------------------------------------------------------------
-def _host_layout(kind: str, host: nn.Module, path: str, parent: nn.Module | None, attr: str | None):
-    """(d_model, n_heads, dropout, default causal, projections or None, why the projections cannot be copied)."""
-    if kind == "torch":
-        if parent is not None and isinstance(parent, nn.TransformerDecoderLayer) and attr == "multihead_attn":
-            raise _fail(path, "cross-attention (TransformerDecoderLayer.multihead_attn) is not supported")
-        if not host._qkv_same_embed_dim:
-            raise _fail(path, f"kdim/vdim ({host.kdim}/{host.vdim}) differ from embed_dim={host.embed_dim}: a "
-                              "cross-attention layout, not supported")
-        D = host.embed_dim
-        why = None
-        if host.bias_k is not None or host.add_zero_attn:
-            why = "add_bias_kv/add_zero_attn (extra key/value slots) has no counterpart in our attention"
-        w = (host.in_proj_weight, host.in_proj_bias, host.out_proj.weight, host.out_proj.bias)
-        return D, host.num_heads, host.dropout, False, w, why
-    if kind == "timm":
-        D, H = host.qkv.in_features, host.num_heads
-        if host.proj.out_features != D:
-            raise _fail(path, f"dim_out={host.proj.out_features} differs from dim={D}; our attentions map D to D")
-        why = None
-        if host.attn_dim != D:
-            why = f"attn_head_dim={host.head_dim} gives an inner width {host.attn_dim} != dim={D}"
-        elif not isinstance(host.q_norm, nn.Identity) or not isinstance(host.k_norm, nn.Identity):
-            why = "qk_norm has no counterpart in our attention"
-        elif not isinstance(host.norm, nn.Identity) or host.gate is not None:
-            why = "scale_norm/gated attention has no counterpart in our attention"
-        w = (host.qkv.weight, host.qkv.bias, host.proj.weight, host.proj.bias)
-        return D, H, host.attn_drop.p, False, w, why
-    # gpt2
-    if host.is_cross_attention:
-        raise _fail(path, "cross-attention (GPT2Attention with is_cross_attention=True) is not supported")
-    D, H = host.embed_dim, host.num_heads
-    why = None
-    if abs(host.scaling - host.head_dim**-0.5) > 1e-12:
-        why = (f"the host scales logits by {host.scaling:g} (scale_attn_weights / scale_attn_by_inverse_layer_idx),"
-               f" ours by head_dim**-0.5")
-    # Conv1D stores weights as [in, out]: transpose to nn.Linear's [out, in].
-    w = (host.c_attn.weight.t(), host.c_attn.bias, host.c_proj.weight.t(), host.c_proj.bias)
-    return D, H, host.attn_dropout.p, True, w, why
-
-
-def _is_known_block(kind: str, parent: nn.Module | None, adapter: _Swapped) -> bool:
-    """Whether ``parent`` is a host block whose call the adapter's ``block_input`` can read."""
-    if parent is None:
-        return False
-    if kind == "torch":
-        return isinstance(parent, nn.TransformerEncoderLayer)
-    if kind == "gpt2":
-        return isinstance(parent, _gpt2_module().GPT2Block)
-    return getattr(parent, "attn", None) is adapter  # timm blocks: forward(x, attn_mask=None, is_causal=False)
-
-
 def _has_mha_layout(attn: nn.Module, D: int) -> bool:
     qkv, out = getattr(attn, "qkv", None), getattr(attn, "out_proj", None)
     return (isinstance(qkv, nn.Linear) and isinstance(out, nn.Linear) and tuple(qkv.weight.shape) == (3 * D, D)
@@ -189,7 +199,7 @@ def _find_hosts(model: nn.Module, root: str):
         path = f"{root}.{name}" if name else root
         if any(name.startswith(p + ".") for p in inside) or isinstance(module, _Swapped):
             continue
-        kind = _host_kind(module)
+        kind = next((cls for cls in HOSTS if cls.matches(module)), None)
         if kind is not None:
             parent, attr = None, None
             if name:
@@ -202,9 +212,43 @@ def _find_hosts(model: nn.Module, root: str):
     for name, path, module in unknown:
         holds_host = any(h_name.startswith(name + ".") or not name for _, h_name, *_ in found)
         if not holds_host and not any(name.startswith(s + ".") for s in inside):
-            raise _fail(path, f"{type(module).__name__} is not a supported host attention (supported: timm "
-                              "Attention, HF GPT2Attention, torch.nn.MultiheadAttention)")
+            raise _fail(path, f"{type(module).__name__} is not a supported host attention (supported: "
+                              f"{', '.join(cls.host_types for cls in HOSTS)})")
     return found
+
+
+def _check_options(root: str, spec, hosts: list, layouts: list[HostLayout], causal: bool | None, options: dict):
+    fixed = sorted(set(options) & set(_FIXED))
+    if fixed:
+        raise ValueError(f"{root}: {fixed[0]}: fixed by the host ({_FIXED[fixed[0]]}); swap_attention takes d_model, "
+                         "n_heads and dropout from each host attention, so set it on the host")
+    for (path, _, kind, *_), lay in zip(hosts, layouts):
+        if causal is False and lay.causal_lm:
+            raise _fail(path, f"causal: {kind.host_name} is a causal language model; causal=False is not supported")
+        if lay.rotary_width is not None and not spec.rotary_ok:
+            raise _fail(path, f"{spec.name!r} does not apply rotary positions (no rotary_ok capability), which "
+                              f"{kind.host_name} hands to every attention")
+
+
+def _build_stacks(root, spec, hosts, layouts, is_causal, opts) -> dict[str, SharedStackContext]:
+    """{stack key: its SharedStackContext} for a stack-shared variant whose options share a module."""
+    stacks = {}
+    for key in dict.fromkeys(_stack_key(h[1]) for h in hosts):
+        idx = [i for i, h in enumerate(hosts) if _stack_key(h[1]) == key]
+        first = layouts[idx[0]]
+        if len({is_causal[i] for i in idx}) > 1 or len({layouts[i][:2] for i in idx}) > 1:
+            raise _fail(hosts[idx[0]][0], "a stack-shared attention needs one width, head count and causality across "
+                                          "the swapped layers of a stack")
+        try:
+            shared = spec.cls.build_stack_shared(n_layers=len(idx), d_model=first.d_model, n_heads=first.n_heads,
+                                                 causal=is_causal[idx[0]], dropout=first.dropout, **opts)
+        except ValueError as e:
+            raise _fail(hosts[idx[0]][0], str(e)) from e
+        if shared is None:
+            return {}
+        path = f"{root}.{key}" if key else root
+        stacks[key] = SharedStackContext(spec.cls, shared, len(idx), path)
+    return stacks
 
 
 def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, copy_weights: bool = True,
@@ -212,24 +256,27 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
     """Replace every self-attention of ``model`` by the registered attention ``name`` (built with ``options``).
 
     Args:
-        model: a timm ``VisionTransformer``, an HF GPT-2 model, an ``nn.TransformerEncoder(Layer)``, an
-            ``nn.MultiheadAttention``, or any module containing them.
+        model: a timm ``VisionTransformer``, an HF GPT-2 or Llama/Mistral/Qwen2 model, an
+            ``nn.TransformerEncoder(Layer)``, an ``nn.MultiheadAttention``, or any module containing them.
         name: a registered attention (``zoo.list_attentions()``).
-        causal: build causal attentions; default: the host's (GPT-2 causal, timm ViT and torch non-causal).
-            Every call is checked against it.
+        causal: build causal attentions; default: the host's (GPT-2 and the Llama family causal, timm ViT and torch
+            non-causal). Every call is checked against it.
         copy_weights: copy the host's q/k/v/out projections into attentions with the MHA projection layout.
         root_name: the name used for ``model`` in error messages (``"model.blocks.3.attn: ..."``).
         **options: the variant's options (``create_attention``); for a stack-shared variant they decide what
-            ``build_stack_shared`` shares (DAMCHA: ``share_mlp``, default True: one generator for all layers).
+            ``build_stack_shared`` shares (DAMCHA: ``share_mlp``, default True: one generator per stack).
 
     Returns:
         ``model``, modified in place (or the adapter, when ``model`` is itself an ``nn.MultiheadAttention``).
 
     Raises:
-        ValueError: unknown ``name`` or option; a model without a supported self-attention; an unsupported
-            layout (cross-attention, an unknown attention type, ``dim_out != dim``, head counts that do not divide
-            the width, ``causal=False`` on GPT-2); ``copy_weights`` with a host feature our projections cannot
-            express (qk-norm, add_bias_kv, a non-standard logit scale, ...). Messages start with the module path.
+        ValueError: unknown ``name`` or option; an option the host fixes (``d_model``, ``n_heads``, ``dropout``, and
+            ``stack``, ``n_layers``, ``rotary``); a model without a supported self-attention; an unsupported layout
+            (cross-attention, an unknown attention type, ``dim_out != dim``, head counts that do not divide the
+            width, ``causal=False`` on a causal LM, a sliding window, a variant without ``rotary_ok`` or whose
+            rotated widths the host's rotary width does not divide on a Llama-family host); ``copy_weights`` with a
+            host feature our projections cannot express (qk-norm, add_bias_kv, grouped K/V heads, a non-standard
+            logit scale, ...). Messages start with the module path.
     """
     spec = get_attention_spec(name)
     if not isinstance(model, nn.Module):
@@ -240,53 +287,43 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
         raise ValueError(f"copy_weights: expected a bool, got {copy_weights!r}")
     hosts = _find_hosts(model, root_name)
     if not hosts:
-        raise ValueError(f"{root_name}: no supported self-attention found (timm Attention, HF GPT2Attention, "
-                         f"torch.nn.MultiheadAttention)")
-    layouts = [_host_layout(kind, host, path, parent, attr) for path, _, kind, host, parent, attr in hosts]
-    for path, _, kind, *_ in hosts:
-        if causal is False and kind == "gpt2":
-            raise _fail(path, "causal: GPT-2 is a causal language model; causal=False is not supported")
+        raise ValueError(f"{root_name}: no supported self-attention found "
+                         f"({', '.join(cls.host_types for cls in HOSTS)})")
+    layouts = [kind.layout(host, path, parent, attr) for path, _, kind, host, parent, attr in hosts]
     opts = {k: v for k, v in options.items() if v is not None}
+    _check_options(root_name, spec, hosts, layouts, causal, opts)
     if "bias" in spec.options and "bias" not in opts:
-        opts["bias"] = any(w[1] is not None or w[3] is not None for *_, w, _ in layouts)
+        opts["bias"] = any(lay.weights[1] is not None or lay.weights[3] is not None for lay in layouts)
 
-    n_layers = len(hosts)
-    shared = None
-    first = layouts[0]
-    is_causal = [causal if causal is not None else lay[3] for lay in layouts]
-    if spec.stack_shared:
-        if len(set(is_causal)) > 1 or len({lay[:2] for lay in layouts}) > 1:
-            raise _fail(hosts[0][0], "a stack-shared attention needs one width, head count and causality across "
-                                     "the swapped layers")
+    is_causal = [causal if causal is not None else lay.causal for lay in layouts]
+    stacks = _build_stacks(root_name, spec, hosts, layouts, is_causal, opts) if spec.stack_shared else {}
+    adapters: dict[str, list] = {}
+    for i, ((path, h_name, kind, host, parent, attr), lay) in enumerate(zip(hosts, layouts)):
+        key = _stack_key(h_name)
+        members = [h for h in hosts if _stack_key(h[1]) == key]
+        layer_idx = next(j for j, h in enumerate(members) if h[1] == h_name)
+        stack = stacks.get(key)
+        share = StackShare(stack.shared if stack else None, layer_idx, len(members)) if spec.stack_shared else None
         try:
-            shared = spec.cls.build_stack_shared(n_layers=n_layers, d_model=first[0], n_heads=first[1],
-                                                 causal=is_causal[0], dropout=first[2], **opts)
-        except ValueError as e:
-            raise _fail(hosts[0][0], str(e)) from e
-    stack = SharedStackContext(spec.cls, shared, n_layers) if shared is not None else None
-
-    adapters = []
-    for i, ((path, _, kind, host, parent, attr), (D, H, p, _, weights, why)) in enumerate(zip(hosts, layouts)):
-        share = StackShare(shared, i, n_layers) if spec.stack_shared else None
-        try:
-            attn = create_attention(name, d_model=D, n_heads=H, causal=is_causal[i], dropout=p, stack=share, **opts)
+            attn = create_attention(name, d_model=lay.d_model, n_heads=lay.n_heads, causal=is_causal[i],
+                                    dropout=lay.dropout, stack=share, **opts)
         except ValueError as e:
             raise _fail(path, str(e)) from e
         ref = next(host.parameters(), None)
         if ref is not None:
             attn.to(device=ref.device, dtype=ref.dtype)
-        if copy_weights and _has_mha_layout(attn, D):
-            if why is not None:
-                raise _fail(path, f"cannot copy the host's weights faithfully: {why}; pass copy_weights=False to "
-                                  "swap in a freshly initialised attention")
-            _copy_projections(attn, weights, path)
-        if kind == "timm":
-            adapter = TimmAttentionAdapter(attn, path, host.proj_drop)
-        elif kind == "gpt2":
-            adapter = GPT2AttentionAdapter(attn, path, host.resid_dropout, host.layer_idx)
-        else:
-            adapter = TorchMultiheadAttentionAdapter(attn, path, host.batch_first)
-        adapter.layer_idx = i
+        r = lay.rotary_width
+        bad = [w for w in attn.rotary_widths() if r is not None and w % r]
+        if bad:
+            raise _fail(path, f"rotary: the host's rotary width {r} does not divide the width {bad[0]} of the "
+                              f"vectors {name!r} rotates (rotary_widths())")
+        if copy_weights and _has_mha_layout(attn, lay.d_model):
+            if lay.why_not_copy is not None:
+                raise _fail(path, f"cannot copy the host's weights faithfully: {lay.why_not_copy}; pass "
+                                  "copy_weights=False to swap in a freshly initialised attention")
+            _copy_projections(attn, lay.weights, path)
+        adapter = kind.from_host(attn, path, host)
+        adapter.layer_idx = layer_idx
         adapter.train(host.training)
         if stack is not None:
             object.__setattr__(adapter, "_stack", stack)
@@ -294,13 +331,19 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
             model = adapter
         else:
             setattr(parent, attr, adapter)
-        adapters.append((adapter, parent if _is_known_block(kind, parent, adapter) else None))
+        adapters.setdefault(key, []).append((adapter, parent if kind.is_block(parent, adapter) else None))
 
-    if stack is not None:
-        stack.to(device=first[4][0].device, dtype=first[4][0].dtype)
-        stack.train(hosts[0][3].training)
-        model.add_module(_SHARED_NAME, stack)
-        _install_stack_hooks(stack, adapters[0], adapters[-1])
+    for key, stack in stacks.items():
+        first = hosts[next(i for i, h in enumerate(hosts) if _stack_key(h[1]) == key)][3]
+        ref = next(first.parameters(), None)
+        if ref is not None:
+            stack.to(device=ref.device, dtype=ref.dtype)
+        stack.train(first.training)
+        n = 0
+        while hasattr(model, _SHARED_NAME + (f"_{n}" if n else "")):  # a second swap or tower: the next free name
+            n += 1
+        model.add_module(_SHARED_NAME + (f"_{n}" if n else ""), stack)
+        _install_stack_hooks(stack, adapters[key][0], adapters[key][-1])
     for module in model.modules():  # nested-tensor fast path would hand our adapters NestedTensors
         if isinstance(module, nn.TransformerEncoder):
             module.use_nested_tensor = False

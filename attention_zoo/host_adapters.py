@@ -1,39 +1,38 @@
 """The host-side adapters of ``zoo.swap_attention`` (see ``adapters.py``): one module per host attention type that
 speaks the host's calling convention, converts its masks to ours and owns one of our attention modules as ``.attn``.
+
+Each adapter class declares the host it stands in for through one protocol, which ``swap_attention`` runs without
+knowing the host: ``matches(module)`` (is this the host's attention type?), ``layout(host, path, parent, attr)`` (a
+``HostLayout``: width, heads, dropout, causality, the projections to copy and why they cannot be, the rotary width
+it hands), ``from_host(attn, path, host)`` (the adapter), ``is_block(parent, adapter)`` (whether ``parent`` is a
+host block whose call ``block_input`` reads) and ``block_input(args, kwargs)``. Here: the base, timm's and torch's
+adapters; the Hugging Face ones (GPT-2, the Llama family) are in ``hf_adapters.py``.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 
-# ---- host detection ----------------------------------------------------------------------------------------
-def _timm_attention_cls():
-    mod = sys.modules.get("timm.layers.attention")
-    return getattr(mod, "Attention", None)
-
-
-def _gpt2_module():
-    return sys.modules.get("transformers.models.gpt2.modeling_gpt2")
-
-
-def _host_kind(module: nn.Module) -> str | None:
-    if isinstance(module, nn.MultiheadAttention):
-        return "torch"
-    timm_cls = _timm_attention_cls()
-    if timm_cls is not None and type(module) is timm_cls:
-        return "timm"
-    gpt2 = _gpt2_module()
-    if gpt2 is not None and isinstance(module, gpt2.GPT2Attention):
-        return "gpt2"
-    return None
-
-
 def _fail(path: str, msg: str) -> ValueError:
     return ValueError(f"{path}: {msg}")
+
+
+class HostLayout(NamedTuple):
+    """What a host attention fixes for the attention that replaces it."""
+
+    d_model: int
+    n_heads: int
+    dropout: float
+    causal: bool  # the default of swap_attention's ``causal=``
+    weights: tuple  # (w_in [3D, D] rows q; k; v, b_in or None, w_out [D, D], b_out or None), nn.Linear layout
+    why_not_copy: str | None  # why the projections cannot be copied faithfully, or None
+    causal_lm: bool = False  # a causal language model: causal=False is refused
+    rotary_width: int | None = None  # the host hands rotary (cos, sin) of this width to each attention call
 
 
 # ---- mask helpers ------------------------------------------------------------------------------------------
@@ -67,17 +66,39 @@ def _visible(mask: Tensor) -> Tensor:
 class _Swapped(nn.Module):
     """Base of the host adapters: owns ``attn`` (our module), knows its path and its place in a shared stack."""
 
+    host_name = "?"  # for messages about the host
+    host_types = "?"  # the attention types it stands in for, as the list of supported hosts names them
+
     def __init__(self, attn: nn.Module, path: str):
         super().__init__()
         self.attn, self.path = attn, path
         self.layer_idx = 0
         object.__setattr__(self, "_stack", None)  # SharedStackContext, referenced (registered on the model)
 
+    # ---- the host protocol (module docstring) ----
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        return False
+
+    @classmethod
+    def layout(cls, host: nn.Module, path: str, parent: nn.Module | None, attr: str | None) -> HostLayout:
+        raise NotImplementedError
+
+    @classmethod
+    def from_host(cls, attn: nn.Module, path: str, host: nn.Module) -> _Swapped:
+        raise NotImplementedError
+
+    @classmethod
+    def is_block(cls, parent: nn.Module | None, adapter: _Swapped) -> bool:
+        return False
+
     @property
     def causal(self) -> bool:
         return self.attn.causal
 
-    def _check_causality(self, causal_call: bool) -> None:
+    def _check_causality(self, causal_call: bool, seq_len: int) -> None:
+        if seq_len == 1:
+            return  # one position: causal and non-causal attention coincide, so either call is valid
         if causal_call and not self.causal:
             raise _fail(self.path, "called causally (is_causal or a mask hiding every future key) but the swapped "
                                    "attention was built non-causal; pass causal=True to swap_attention")
@@ -85,12 +106,10 @@ class _Swapped(nn.Module):
             raise _fail(self.path, "called without a causal mask but the swapped attention was built causal; pass "
                                    "causal=False to swap_attention (or call the host with is_causal=True)")
 
-    def _attend(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor:
+    def _attend(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None, rotary=None) -> Tensor:
         stack = self._stack
-        if stack is None:
-            return self.attn(x, padding_mask, attn_mask)
-        ctx = stack.context_for(self, x, padding_mask)
-        return self.attn(x, padding_mask, attn_mask, stack_context=ctx)
+        ctx = None if stack is None else stack.context_for(self, x, padding_mask)
+        return self.attn(x, padding_mask, attn_mask, stack_context=ctx, rotary=rotary)
 
     # overridden per host: the (x [B,T,D], padding_mask) of the enclosing block's call, or None if unknown
     def block_input(self, args: tuple, kwargs: dict):
@@ -105,13 +124,43 @@ class TimmAttentionAdapter(_Swapped):
 
     timm's ``attn_mask`` is already in our convention (bool True = attend, or float added)."""
 
+    host_name = host_types = "timm Attention"
+
     def __init__(self, attn: nn.Module, path: str, proj_drop: nn.Module):
         super().__init__(attn, path)
         self.proj_drop = proj_drop
 
+    @classmethod
+    def matches(cls, module):
+        timm_cls = getattr(sys.modules.get("timm.layers.attention"), "Attention", None)
+        return timm_cls is not None and type(module) is timm_cls
+
+    @classmethod
+    def layout(cls, host, path, parent, attr):
+        D, H = host.qkv.in_features, host.num_heads
+        if host.proj.out_features != D:
+            raise _fail(path, f"dim_out={host.proj.out_features} differs from dim={D}; our attentions map D to D")
+        why = None
+        if host.attn_dim != D:
+            why = f"attn_head_dim={host.head_dim} gives an inner width {host.attn_dim} != dim={D}"
+        elif not isinstance(host.q_norm, nn.Identity) or not isinstance(host.k_norm, nn.Identity):
+            why = "qk_norm has no counterpart in our attention"
+        elif not isinstance(host.norm, nn.Identity) or host.gate is not None:
+            why = "scale_norm/gated attention has no counterpart in our attention"
+        w = (host.qkv.weight, host.qkv.bias, host.proj.weight, host.proj.bias)
+        return HostLayout(D, H, host.attn_drop.p, False, w, why)
+
+    @classmethod
+    def from_host(cls, attn, path, host):
+        return cls(attn, path, host.proj_drop)
+
+    @classmethod
+    def is_block(cls, parent, adapter):
+        return getattr(parent, "attn", None) is adapter  # timm blocks: forward(x, attn_mask=None, is_causal=False)
+
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         causal_call = bool(is_causal) or (attn_mask is not None and _hides_future(_visible(attn_mask)))
-        self._check_causality(causal_call)
+        self._check_causality(causal_call, x.shape[1])
         if attn_mask is not None and causal_call and _pure_causal(attn_mask):
             attn_mask = None  # causality itself is enforced by the causal attention
         return self.proj_drop(self._attend(x, None, attn_mask))
@@ -135,10 +184,37 @@ class TorchMultiheadAttentionAdapter(_Swapped):
     in_proj_bias = None
     in_proj_weight = None
 
+    host_name = host_types = "torch.nn.MultiheadAttention"
+
     def __init__(self, attn: nn.Module, path: str, batch_first: bool):
         super().__init__(attn, path)
         self.batch_first = batch_first
         self.embed_dim, self.num_heads = attn.d_model, attn.n_heads
+
+    @classmethod
+    def matches(cls, module):
+        return isinstance(module, nn.MultiheadAttention)
+
+    @classmethod
+    def layout(cls, host, path, parent, attr):
+        if isinstance(parent, nn.TransformerDecoderLayer) and attr == "multihead_attn":
+            raise _fail(path, "cross-attention (TransformerDecoderLayer.multihead_attn) is not supported")
+        if not host._qkv_same_embed_dim:
+            raise _fail(path, f"kdim/vdim ({host.kdim}/{host.vdim}) differ from embed_dim={host.embed_dim}: a "
+                              "cross-attention layout, not supported")
+        why = None
+        if host.bias_k is not None or host.add_zero_attn:
+            why = "add_bias_kv/add_zero_attn (extra key/value slots) has no counterpart in our attention"
+        w = (host.in_proj_weight, host.in_proj_bias, host.out_proj.weight, host.out_proj.bias)
+        return HostLayout(host.embed_dim, host.num_heads, host.dropout, False, w, why)
+
+    @classmethod
+    def from_host(cls, attn, path, host):
+        return cls(attn, path, host.batch_first)
+
+    @classmethod
+    def is_block(cls, parent, adapter):
+        return isinstance(parent, nn.TransformerEncoderLayer)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
@@ -156,7 +232,7 @@ class TorchMultiheadAttentionAdapter(_Swapped):
         padding, bias = self._padding(key_padding_mask, B, T)
         mask = self._attn_mask(attn_mask, B, T)
         causal_call = bool(is_causal) or (mask is not None and _hides_future(_visible(mask)))
-        self._check_causality(causal_call)
+        self._check_causality(causal_call, T)
         if mask is not None and causal_call and _pure_causal(mask):
             mask = None  # causality itself is enforced by the causal attention
         if bias is not None:  # a float key_padding_mask with finite non-zero entries: an additive key bias
@@ -209,87 +285,3 @@ class TorchMultiheadAttentionAdapter(_Swapped):
         x = src if self.batch_first else src.transpose(0, 1)
         padding = None if kpm is None else self._padding(kpm, x.shape[0], x.shape[1])[0]
         return x, padding
-
-
-class GPT2AttentionAdapter(_Swapped):
-    """Stands in for HF ``GPT2Attention`` (self-attention): ``forward(hidden_states, cache=None,
-    attention_mask=None, ...) -> (output, None)``.
-
-    The block hands a 4-D mask (bool True = attend, or float with large negatives) built from causality and the
-    2-D ``attention_mask``; it is read back into our ``padding_mask``. With a cache (``use_cache``), the layer's
-    attention inputs are stored in the ``DynamicCache`` (as keys; values are empty) and the attention runs over
-    the whole prefix, returning the new positions: exact for every variant, since they are causal.
-    """
-
-    def __init__(self, attn: nn.Module, path: str, resid_dropout: nn.Module, layer_idx: int | None):
-        super().__init__(attn, path)
-        self.resid_dropout = resid_dropout
-        self.cache_idx = layer_idx
-
-    def forward(self, hidden_states: Tensor, cache=None, attention_mask: Tensor | None = None,
-                encoder_hidden_states: Tensor | None = None, encoder_attention_mask: Tensor | None = None,
-                output_attentions: bool | None = False, **kwargs):
-        if encoder_hidden_states is not None:
-            raise _fail(self.path, "cross-attention (encoder_hidden_states) is not supported")
-        cache = kwargs.pop("past_key_values", cache)
-        x, q = hidden_states, hidden_states.shape[1]
-        if cache is not None:
-            x = self._extend(cache, x)
-        padding, mask = self._masks(attention_mask, x.shape[0], q, x.shape[1])
-        if self._stack is not None and x.shape[1] != q:
-            raise _fail(self.path, "use_cache: incremental decoding is not supported with a stack-shared attention "
-                                   "(its stack context covers the whole sequence); pass use_cache=False")
-        y = self._attend(x, padding, mask)[:, -q:]
-        return self.resid_dropout(y), None
-
-    def _extend(self, cache, x: Tensor) -> Tensor:
-        gpt2 = _gpt2_module()
-        cache_utils = sys.modules.get("transformers.cache_utils")
-        if gpt2 is not None and isinstance(cache, gpt2.EncoderDecoderCache):
-            cache = cache.self_attention_cache
-        if cache_utils is None or type(cache) is not cache_utils.DynamicCache:
-            raise _fail(self.path, f"use_cache: only a DynamicCache is supported after swap_attention, got "
-                                   f"{type(cache).__name__}; pass use_cache=False or the default cache")
-        if self.cache_idx is None:
-            raise _fail(self.path, "use_cache: the host attention has no layer_idx; pass use_cache=False")
-        keys, _ = cache.update(x[:, None], x.new_empty(x.shape[0], 1, x.shape[1], 0), self.cache_idx)
-        return keys[:, 0]
-
-    def _masks(self, mask: Tensor | None, B: int, q: int, S: int):
-        """(padding_mask [B,S] or None, attn_mask or None) from the host's 4-D mask [B,1,q,S]."""
-        if mask is None:
-            return None, None
-        if not torch.is_tensor(mask) or mask.dim() != 4 or mask.shape[-1] != S or mask.shape[-2] != q:
-            shape = tuple(mask.shape) if torch.is_tensor(mask) else type(mask).__name__
-            raise _fail(self.path, f"attention_mask: expected the block's 4-D mask [B, 1, {q}, {S}], got {shape} "
-                                   "(flex-attention block masks are not supported; use attn_implementation='sdpa')")
-        if mask.dtype == torch.bool:
-            keep = mask
-        else:
-            keep = mask > torch.finfo(mask.dtype).min / 2
-            if bool((mask.masked_fill(~keep, 0.0) != 0).any()):
-                raise _fail(self.path, "attention_mask: an additive bias beyond padding and causality cannot be "
-                                       "carried over")
-        keep = keep.expand(B, -1, -1, -1)
-        padding = keep.any(dim=(1, 2))  # key j is real iff some query sees it (the last one sees every real key)
-        rows = torch.arange(S - q, S, device=keep.device)
-        causal = torch.arange(S, device=keep.device)[None, :] <= rows[:, None]  # [q, S]
-        expected = causal[None, None] & padding[:, None, None, :]
-        real_rows = padding[:, None, S - q:, None]
-        if bool(((keep != expected) & real_rows).any()):
-            if q != S:
-                raise _fail(self.path, "attention_mask: a custom 4-D mask with a cache is not supported; pass "
-                                       "use_cache=False")
-            if not _hides_future(keep):
-                raise _fail(self.path, "attention_mask: the mask lets queries see future keys; GPT-2 is causal")
-            return padding, keep
-        return (None if bool(padding.all()) else padding), None
-
-    def block_input(self, args, kwargs):
-        x = args[0] if args else kwargs.get("hidden_states")
-        mask = args[2] if len(args) > 2 else kwargs.get("attention_mask")
-        if not torch.is_tensor(x) or x.dim() != 3:
-            return None
-        if mask is not None and (not torch.is_tensor(mask) or mask.shape[-1] != x.shape[1]):
-            return None  # decoding with a cache: refused by the layer itself
-        return x, self._masks(mask, x.shape[0], x.shape[1], x.shape[1])[0]

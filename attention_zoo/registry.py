@@ -20,6 +20,7 @@ CAPABILITY_FLAGS = (
     "stack_shared",  # takes a ``stack`` argument and shares a module across a stack (build_stack_shared hook)
     "has_metric",  # exposes get_M_matrices()
     "control",  # a control arm for deciding claims (docs/claims.md): listed only on request or by name
+    "rotary_ok",  # applies rotary positions (forward's ``rotary``) to its queries and keys
 )
 ATTENTION_CORES = ("fused", "full logits", "explicit")
 CONTROLS_TOKEN = "controls"  # in a selection: every registered control arm

@@ -198,3 +198,13 @@ def test_flops_match_counter(options, causal):
 def test_bad_options(options, arg):
     with pytest.raises(ValueError, match=f"^{arg}"):
         zoo.create_attention("colmha", d_model=D, n_heads=H, **options)
+
+
+def test_the_resolved_shared_width_is_reported():
+    """Rows and reprs say which D̃ a ColMHA ran with: the default D, or the paper's headline D/4 when asked."""
+    default = zoo.create_attention("colmha", d_model=D, n_heads=H)
+    quarter = zoo.create_attention("colmha", d_model=D, n_heads=H, shared_dim=D // 4)
+    repo = zoo.create_attention("colmha", d_model=D, n_heads=H, flavor="damcha_repo")
+    assert (default.shared_dim, quarter.shared_dim, repo.shared_dim) == (D, D // 4, D)
+    assert f"shared_dim={D}," in repr(default) and f"shared_dim={D // 4}," in repr(quarter)
+    assert f"shared_dim={D}" in repr(repo)

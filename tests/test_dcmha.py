@@ -245,6 +245,32 @@ def test_analytic_params_match_count_options(opts):
     assert all(p.grad is not None for p in m.parameters())
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("gelu", ["tanh", "none"])
+def test_bias_and_gelu_options_count_as_the_formula(bias, gelu):
+    """The references' bias-free q/k/v/o and DCFormer's PyTorch exact GELU are both buildable; their parameters
+    are 4D^2 (+4D) + 20DH + 64H^2 at R = 2 (docs/variants.md §3.5)."""
+    D_, H_ = 48, 6
+    m = zoo.create_attention("dcmha", d_model=D_, n_heads=H_, bias=bias, gelu_approximate=gelu)
+    assert m.analytic_params() == sum(p.numel() for p in m.parameters())
+    assert m.analytic_params() == 4 * D_ * D_ + (4 * D_ if bias else 0) + 20 * D_ * H_ + 64 * H_ * H_
+    assert (m.qkv.bias is None) == (m.out_proj.bias is None) == (not bias)
+
+
+def test_gelu_choice_reaches_the_generator():
+    torch.manual_seed(0)
+    tanh = zoo.create_attention("dcmha", d_model=D, n_heads=H).double()
+    exact = zoo.create_attention("dcmha", d_model=D, n_heads=H, gelu_approximate="none").double()
+    exact.load_state_dict(tanh.state_dict())
+    assert tanh.gelu_approximate == "tanh"  # the default (DCFormer's JAX code) is unchanged
+    x = torch.randn(2, 5, D, dtype=torch.float64) * 3
+    n, R = len(exact.splits), exact.rank
+    hidden = torch.nn.functional.gelu(exact.dyn_w1(x)).view(2, 5, n, -1)  # exact GELU, by hand
+    w = torch.einsum("btnc,nck->btnk", hidden, exact.dyn_w2).view(2, 5, n, 2 * R, H)
+    torch.testing.assert_close(exact.dynamic_weights(x)["pre_q"][1], w[:, :, 0, R:])  # w2 of split pre_q
+    assert not torch.allclose(tanh.dynamic_weights(x)["pre_q"][1], w[:, :, 0, R:])
+
+
 def test_param_counts_compact_config():
     paper = zoo.create_attention("dcmha", d_model=128, n_heads=8)
     repo = zoo.create_attention("dcmha", d_model=128, n_heads=8, flavor="damcha_repo")
@@ -282,6 +308,8 @@ def test_default_flops_formula():
         ({"use_static": 1}, "use_static"),
         ({"flavor": "damcha_repo", "use_static": True}, "use_static"),
         ({"flavor": "damcha_repo", "rank": 4}, "rank"),
+        ({"gelu_approximate": "erf"}, "gelu_approximate"),
+        ({"flavor": "damcha_repo", "gelu_approximate": "none"}, "gelu_approximate"),
     ],
 )
 def test_bad_options(opts, arg):

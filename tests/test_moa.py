@@ -188,6 +188,25 @@ def test_param_counts():
             assert m.analytic_params() == sum(p.numel() for p in m.parameters()), (flavor, d, h, opts)
 
 
+def test_head_dim_option_sets_every_expert_width():
+    """The MoA authors' configurations use a head width other than D/H (128 or 256 with 8-12 experts)."""
+    dh = 2 * D // H  # 8, not D/H = 4
+    m = make("paper", causal=True, n_experts=3, top_k=2, head_dim=dh)
+    assert m.head_dim == dh and m.w_q.shape == (3, D, dh) and m.kv.weight.shape == (2 * dh, D)
+    assert m.analytic_params() == sum(p.numel() for p in m.parameters()) == 2 * 3 * D * dh + 2 * D * dh + D * 3
+    x, pad = torch.randn(B, T, D, dtype=torch.float64), padding()
+    for a, b in zip(values_and_grads(m, lambda x: m(x, padding_mask=pad), x),
+                    values_and_grads(m, lambda x: loop_reference(m, x, pad, False), x)):
+        assert_close(a, b)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        m(x)
+    assert counter.get_total_flops() == m.analytic_flops(B, T) == B * (T * (2 * D * 3 + 4 * 2 * D * dh + 4 * D * dh)
+                                                                       + 4 * 2 * dh * T * T)
+    authors = zoo.create_attention("moa", d_model=64, n_heads=4, n_experts=8, top_k=4, head_dim=128)
+    assert authors.analytic_params() == sum(p.numel() for p in authors.parameters())
+    assert "head_dim=128" in repr(authors)
+
+
 @pytest.mark.parametrize("flavor", ["paper", "damcha_repo"])
 def test_analytic_flops_match_counter_on_math_path(flavor):
     m = make(flavor, causal=True, n_experts=6, top_k=3)
@@ -219,6 +238,8 @@ def test_noisy_gating_only_in_training():
         ({"z_weight": float("nan")}, "z_weight"),
         ({"noisy_gating": 1}, "noisy_gating"),
         ({"noisy_gating": True, "flavor": "damcha_repo"}, "noisy_gating"),
+        ({"head_dim": 0}, "head_dim"),
+        ({"head_dim": 8, "flavor": "damcha_repo"}, "head_dim"),
     ],
 )
 def test_bad_options(kwargs, arg):

@@ -9,6 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int
+from ..registry import get_attention_spec
+from ..variants.rotary import ROPE_BASE, Rotary
 from .stack import AttentionStack, StackConfig
 
 
@@ -31,14 +33,16 @@ class Decoder(nn.Module):
 
     ``forward(tokens [B,T], padding_mask=None) -> ModelOutput(logits [B,T,V], aux_loss)``. Defaults are GPT-2-like
     (pre-LN, learned positions, tied output head); ``norm="post", positions="sinusoidal"`` is the DAMCHA authors'
-    decoder (docs/variants.md §0.2). ``share_across_layers`` (alias ``share_mlp``; default True): a ``stack_shared``
-    attention's shared module (DAMCHA's metric generator) is built once at construction and run once per forward on
-    the stack input (embeddings + positions), and every layer reuses its result; False: each layer has its own.
+    decoder (docs/variants.md §0.2). ``positions="rope"``: no additive position embedding; every layer's attention
+    rotates its queries and keys (RoPE, base 10000, width ``attn.rotary_dim``; docs/variants.md §0.4).
+    ``share_across_layers`` (alias ``share_mlp``; default True): a ``stack_shared`` attention's shared module (DAMCHA's
+    metric generator) is built once at construction and run once per forward on the stack input (embeddings +
+    additive positions), and every layer reuses its result; False: each layer has its own.
 
     Raises:
-        ValueError: non-positive sizes, unknown attention or option, ``share_across_layers`` and ``share_mlp``
-            given with different values, tokens not an integer [B,T] tensor within the vocabulary and
-            ``max_seq_len``.
+        ValueError: non-positive sizes, unknown attention or option, ``positions="rope"`` with an attention
+            without the ``rotary_ok`` capability, ``share_across_layers`` and ``share_mlp`` given with different
+            values, tokens not an integer [B,T] tensor within the vocabulary and ``max_seq_len``.
     """
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, attention: str = "mha",
@@ -49,7 +53,10 @@ class Decoder(nn.Module):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("max_seq_len", max_seq_len)
-        check_choice("positions", positions, ("learned", "sinusoidal"))
+        check_choice("positions", positions, ("learned", "sinusoidal", "rope"))
+        if positions == "rope" and not get_attention_spec(attention).rotary_ok:
+            raise ValueError(f"positions: 'rope' needs an attention that applies rotary positions (rotary_ok); "
+                             f"{attention!r} does not")
         if not isinstance(tie_weights, bool):
             raise ValueError(f"tie_weights: expected a bool, got {tie_weights!r}")
         self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
@@ -57,11 +64,14 @@ class Decoder(nn.Module):
                                norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.positions = positions
         if positions == "learned":
             self.pos_emb = nn.Parameter(torch.zeros(max_seq_len, d_model))
             nn.init.normal_(self.pos_emb, std=0.02)
-        else:
+        elif positions == "sinusoidal":
             self.register_buffer("pos_emb", sinusoidal_positions(max_seq_len, d_model), persistent=False)
+        else:
+            self.pos_emb = None  # positions enter each attention's logits instead
         nn.init.normal_(self.tok_emb.weight, std=0.02)
         self.drop = nn.Dropout(dropout)
         self.stack = AttentionStack(self.cfg)
@@ -83,8 +93,14 @@ class Decoder(nn.Module):
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"tokens: ids must lie in [0, {self.vocab_size}), got [{int(tokens.min())}, "
                              f"{int(tokens.max())}]")
-        x = self.drop(self.tok_emb(tokens) + self.pos_emb[:T])  # (B, T, D)
-        h, aux = self.stack(x, padding_mask)
+        x = self.tok_emb(tokens)  # (B, T, D)
+        rotary = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb[:T]
+        else:
+            rotary = Rotary.standard(T, self.stack.layers[0].attn.rotary_dim, base=ROPE_BASE, device=x.device,
+                                     dtype=x.dtype)
+        h, aux = self.stack(self.drop(x), padding_mask, rotary=rotary)
         return ModelOutput(self.head(self.ln_f(h)), aux)
 
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..registry import create_attention, get_attention_spec
-from ..variants.base import StackShare
+from ..variants.base import Rotary, StackShare
 
 
 def resolve_share_flag(share_across_layers: bool | None, share_mlp: bool | None) -> bool:
@@ -96,11 +96,13 @@ class Block(nn.Module):
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None, stack_context) -> Tensor:
+    def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None, stack_context,
+                rotary: Rotary | None = None) -> Tensor:
+        kw = {"stack_context": stack_context, "rotary": rotary}
         if self.pre:
-            x = x + self.drop(self.attn(self.ln1(x), padding_mask, attn_mask, stack_context=stack_context))
+            x = x + self.drop(self.attn(self.ln1(x), padding_mask, attn_mask, **kw))
             return x + self.ffn(self.ln2(x))
-        x = self.ln1(x + self.drop(self.attn(x, padding_mask, attn_mask, stack_context=stack_context)))
+        x = self.ln1(x + self.drop(self.attn(x, padding_mask, attn_mask, **kw)))
         return self.ln2(x + self.ffn(x))
 
 
@@ -134,14 +136,17 @@ class AttentionStack(nn.Module):
         self.collects_aux_loss = spec.has_aux_loss
         self.has_metric = spec.has_metric
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None):
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                rotary: Rotary | None = None):
+        """x [B,T,D] -> (hidden [B,T,D], aux_loss); ``rotary``: the positions every layer's attention rotates its
+        queries and keys by (``rotary_ok`` attentions)."""
         ctx = None
         if self.shared is not None:
             # Validated (and made bool) before the shared module sees it, as each layer would do.
             padding_mask = self.layers[0].attn.check_inputs(x, padding_mask, None)[0]
             ctx = self._attention_cls.stack_context(self.shared, x, padding_mask)
         for layer in self.layers:
-            x = layer(x, padding_mask, attn_mask, ctx)
+            x = layer(x, padding_mask, attn_mask, ctx, rotary)
         aux = []
         if self.collects_aux_loss:
             for m in self.modules():  # each module once, so a shared generator's KL counts once

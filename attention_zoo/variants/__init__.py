@@ -11,3 +11,4 @@ from . import (  # noqa: F401  (each registers itself)
     tha,
 )
 from .base import AttentionBase, Masks, StackShare, collect_aux_losses, resolve_masks  # noqa: F401
+from .rotary import Rotary, apply_rotary  # noqa: F401

@@ -1,15 +1,17 @@
-"""Shared machinery of every attention: input validation, mask resolution, the forward skeleton.
+"""Shared machinery of every attention: input validation, the forward skeleton, the hooks (docs/design.md).
 
 Mask convention (docs/design.md): ``padding_mask`` bool/int [B,T], True = real token; ``attn_mask`` bool/int
 (True = visible) or float (added to the logits), shaped [T,S], [B,T,S] or [B,H,T,S]. Everything is
-resolved once into a boolean ``keep`` mask plus a finite additive ``bias``; query rows with no visible
-key ("dead" rows) get zero logits before the softmax and zero output after it, so they stay finite.
+resolved once (``masks.resolve_masks``) into a boolean ``keep`` mask plus a finite additive ``bias``; query rows
+with no visible key ("dead" rows) get zero logits before the softmax and zero output after it, so they stay finite.
+Rotary positions (``rotary``, ``rotary.py``) reach the variants that declare ``rotary_ok``.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,62 +28,8 @@ from ..checks import (  # noqa: F401 - the variants take their checks from here
     check_fraction,
     check_positive_int,
 )
-
-
-@dataclass
-class Masks:
-    """Resolved masks. Tensors broadcast against [B,H,T,S]; ``None`` means "no constraint"."""
-
-    keep: Tensor | None  # bool, True = key visible to the query
-    bias: Tensor | None  # float, finite, added to the logits
-    dead: Tensor | None  # bool [.,.,T,1], query rows with no visible key
-    padding: Tensor | None  # bool [B,T], True = real token
-    causal: bool
-    causal_only: bool  # the only constraint is causality (SDPA is_causal fast path)
-
-    def apply(self, scores: Tensor, neg: float | None = None) -> Tensor:
-        """Add the bias and mask invisible logits with ``neg`` (-inf by default); dead rows become 0."""
-        if self.bias is not None:
-            scores = scores + self.bias
-        if self.keep is not None:
-            scores = scores.masked_fill(~self.keep, float("-inf") if neg is None else neg)
-        if self.dead is not None:
-            scores = scores.masked_fill(self.dead, 0.0)
-        return scores
-
-    def zero_invisible(self, weights: Tensor) -> Tensor:
-        """Re-zero weights of invisible keys and of dead rows (after a post-softmax head mix)."""
-        if self.keep is not None:
-            weights = weights.masked_fill(~self.keep, 0.0)
-        if self.dead is not None:
-            weights = weights.masked_fill(self.dead, 0.0)
-        return weights
-
-    def zero_dead(self, out: Tensor) -> Tensor:
-        """Zero the per-head outputs [B,H,T,d] of dead query rows."""
-        return out if self.dead is None else out.masked_fill(self.dead, 0.0)
-
-    def sdpa_args(self, dtype: torch.dtype) -> dict:
-        """Keyword arguments for F.scaled_dot_product_attention (mask with dead rows opened)."""
-        if self.causal_only:
-            return {"attn_mask": None, "is_causal": True}
-        if self.keep is None and self.bias is None:
-            return {"attn_mask": None, "is_causal": False}
-        keep = self.keep if self.dead is None else self.keep | self.dead
-        if self.bias is None:
-            return {"attn_mask": keep, "is_causal": False}
-        mask = self.bias.to(dtype)
-        if keep is not None:
-            mask = mask.masked_fill(~keep, float("-inf"))
-        return {"attn_mask": mask, "is_causal": False}
-
-    def for_heads(self, heads: slice | Tensor) -> Masks:
-        """The masks restricted to a subset of heads (head axis 1, broadcast axes kept)."""
-
-        def pick(t):
-            return t if t is None or t.shape[1] == 1 else t[:, heads]
-
-        return Masks(pick(self.keep), pick(self.bias), pick(self.dead), self.padding, self.causal, self.causal_only)
+from .masks import Masks, resolve_masks  # noqa: F401 - re-exported: the variants take them from here
+from .rotary import Rotary, apply_rotary  # noqa: F401 - re-exported, as above
 
 
 @dataclass(frozen=True)
@@ -130,64 +78,16 @@ def value_shape(value) -> list[int] | None:
     return value.type().sizes() if value.isCompleteTensor() else None
 
 
-@functools.lru_cache(maxsize=16)
-def _causal_keep(seq_len: int, device: torch.device) -> Tensor:
-    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
-
-
-def resolve_masks(
-    batch: int,
-    seq_len: int,
-    n_heads: int,
-    causal: bool,
-    padding_mask: Tensor | None,
-    attn_mask: Tensor | None,
-    device: torch.device,
-    extra_keep: Tensor | None = None,
-) -> Masks:
-    """Combine causality, padding, ``attn_mask`` and a variant's own mask into one ``Masks``."""
-    keep = None
-
-    def conj(a, b):
-        return b if a is None else a & b
-
-    if causal:
-        keep = _causal_keep(seq_len, device)  # [1,1,T,S]
-    if extra_keep is not None:
-        keep = conj(keep, extra_keep)
-    # The ``bool(...)`` tests below only skip work when a mask constrains nothing; under torch.compile they would be
-    # data-dependent graph breaks, so the compiled graph keeps the (then no-op) masks instead.
-    compiling = torch.compiler.is_compiling()
-    padded = padding_mask is not None and (compiling or not bool(padding_mask.all()))
-    if padded:
-        keep = conj(keep, padding_mask[:, None, None, :])  # [B,1,1,S]
-    bias = None
-    only_causal = causal and extra_keep is None and not padded
-    if attn_mask is not None:
-        only_causal = False
-        m = attn_mask.reshape((1, 1) + attn_mask.shape) if attn_mask.dim() == 2 else attn_mask
-        m = m[:, None] if m.dim() == 3 else m  # [B,T,S] -> [B,1,T,S]
-        if m.is_floating_point():
-            visible = ~torch.isneginf(m)  # -inf entries are invisible keys, the rest is a finite bias
-            bias = m.masked_fill(~visible, 0.0)
-            if compiling or not bool(visible.all()):
-                keep = conj(keep, visible)
-        else:
-            keep = conj(keep, m.bool())
-    dead = None
-    if keep is not None and not only_causal:
-        dead_rows = ~keep.any(dim=-1, keepdim=True)  # [.,.,T,1]
-        dead = dead_rows if compiling or bool(dead_rows.any()) else None
-    return Masks(keep, bias, dead, padding_mask, causal, only_causal)
-
-
 class AttentionBase(nn.Module, abc.ABC):
     """Base of every registered attention: ``y = attn(x, padding_mask=None, attn_mask=None)``, x,y [B,T,D].
 
     Subclasses implement ``_attend(x, masks, stack_context)``, ``analytic_params()`` and
     ``analytic_flops(batch, seq_len)`` and set the capability flags below. Optional hooks, with neutral defaults
-    here (docs/design.md, "Hooks"): ``extra_keep``, ``get_M_matrices``, ``fvcore_handles`` and the stack-sharing
-    protocol ``build_stack_shared`` / ``stack_context`` with the ``stack: StackShare`` constructor argument.
+    here (docs/design.md, "Hooks"): ``extra_keep``, ``get_M_matrices``, ``fvcore_handles``, the stack-sharing
+    protocol ``build_stack_shared`` / ``stack_context`` with the ``stack: StackShare`` constructor argument, and
+    rotary positions: a variant with ``rotary_ok = True`` implements ``_attend(x, masks, stack_context,
+    rotary=None)`` and rotates the queries and keys it forms (``apply_rotary``), whose widths ``rotary_widths()``
+    declares.
     """
 
     # capability flags, read by the registry (see registry.CAPABILITY_FLAGS)
@@ -198,6 +98,7 @@ class AttentionBase(nn.Module, abc.ABC):
     has_aux_loss = False
     stack_shared = False
     has_metric = False
+    rotary_ok = False  # applies the rotary positions handed to forward (``rotary``) to its queries and keys
     flavors: tuple[str, ...] = ("paper",)
     registry_name = "?"
 
@@ -252,18 +153,24 @@ class AttentionBase(nn.Module, abc.ABC):
         padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         stack_context=None,
+        rotary: Rotary | tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero.
+        """x [B,T,D] -> y [B,T,D]; outputs at padded query positions are zero. ``rotary``: RoPE ``(cos, sin)``,
+        [T, r] or [B, T, r] each, applied to the queries and keys (variants with ``rotary_ok``).
 
         Raises:
             ValueError: x not a floating [B,T,d_model] tensor of the parameters' dtype (outside autocast) or
                 longer than max_seq_len; padding_mask not bool/int [B,T]; attn_mask not bool/int/float of shape
                 [T,S], [B,T,S] or [B,H,T,S], or a float mask with NaN or +inf; stack_context given to a variant
-                without stack sharing.
+                without stack sharing; rotary given to a variant without ``rotary_ok`` or malformed
+                (``Rotary.check``).
         """
         padding_mask, attn_mask = self.check_inputs(x, padding_mask, attn_mask)
         if stack_context is not None and not self.stack_shared:
             raise _err("stack_context", f"{type(self).__name__} does not take a stack context")
+        if rotary is not None and not self.rotary_ok:
+            raise _err("rotary", f"{type(self).__name__} does not apply rotary positions (no rotary_ok capability)")
+        rotary = Rotary.check(rotary, x.shape[0], x.shape[1], self.rotary_widths(), x.device)
         if padding_mask is not None:
             # Padded positions join no computation that mixes positions (keys, context means, routing), so
             # whatever they hold (NaN or ±Inf included) cannot reach the real tokens' outputs.
@@ -271,7 +178,8 @@ class AttentionBase(nn.Module, abc.ABC):
         B, T, _ = x.shape
         extra = self.extra_keep(T, x.device)
         masks = resolve_masks(B, T, self.n_heads, self.causal, padding_mask, attn_mask, x.device, extra)
-        y = self._attend(x, masks, stack_context)
+        # Only rotary_ok variants take the argument: an attention without positions keeps the three-argument hook.
+        y = self._attend(x, masks, stack_context) if rotary is None else self._attend(x, masks, stack_context, rotary)
         if masks.padding is not None:
             y = y.masked_fill(~masks.padding[..., None], 0.0)
         return y
@@ -332,6 +240,17 @@ class AttentionBase(nn.Module, abc.ABC):
         """[(name, D×D metric)] for variants with ``has_metric``, for plots; none by default."""
         return []
 
+    def rotary_widths(self) -> tuple[int, ...]:
+        """Widths of the query/key vectors this attention rotates (``rotary_ok``); a rotary of width r applies when r
+        divides each of them. Default: the head width."""
+        return (self.head_dim,)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotary width a backbone builds for this attention (``Decoder(positions="rope")``): the largest width
+        dividing the head width and every rotated width, so wider spaces (ColMHA's D̃) rotate head-wide blocks."""
+        return math.gcd(self.head_dim, *self.rotary_widths())
+
     @classmethod
     def bool_options(cls) -> set[str]:
         """Names of the options typed ``bool`` (from the constructor's annotations), which option parsers read
@@ -375,7 +294,8 @@ class AttentionBase(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
-        """x [B,T,D] -> y [B,T,D] under the resolved masks."""
+        """x [B,T,D] -> y [B,T,D] under the resolved masks (``rotary_ok`` variants: ``_attend(x, masks,
+        stack_context, rotary=None)``, with the validated ``Rotary`` or None)."""
 
     @abc.abstractmethod
     def analytic_params(self) -> int:

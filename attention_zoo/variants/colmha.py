@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_choice, check_positive_int
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 
 _PAPER_ONLY = ("shared_dim", "mixing_init", "content_bias")
 
@@ -44,7 +44,9 @@ class CollaborativeAttention(AttentionBase):
     """Collaborative multi-head attention: heads share q/k projections and differ by mixing (Cordonnier et al.).
 
     Args:
-        shared_dim: D̃, the width of the shared q/k space (``paper``; default d_model).
+        shared_dim: D̃, the width of the shared q/k space (``paper``; default None = d_model; the paper's headline
+            setting is d_model // 4). The resolved width is the attribute ``shared_dim`` (both flavours;
+            ``damcha_repo``: d_model) and is shown by ``repr``.
         mixing_init: ``"uniform"`` (official default; actually N(0, 0.2²)) or ``"concatenate"`` (head i selects
             its ⌈D̃/H⌉-wide chunk, so the module starts as MHA) (``paper``).
         content_bias: add the key-only term x_s·c_i (``paper``, default True).
@@ -55,6 +57,7 @@ class CollaborativeAttention(AttentionBase):
     """
 
     fused_kernel = False  # explicit core: faster than SDPA's math fallback on CPU (module docstring)
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     def __init__(
@@ -76,7 +79,8 @@ class CollaborativeAttention(AttentionBase):
             given = [n for n, v in zip(_PAPER_ONLY, (shared_dim, mixing_init, content_bias)) if v is not None]
             if given:
                 raise ValueError(f"{given[0]}: only the 'paper' flavor takes this option, got flavor='damcha_repo'")
-            self.q_proj = nn.Linear(D, D, bias=False)  # shared bases, split into H chunks of d_h
+            self.shared_dim = D  # the shared bases are D wide, split into H chunks of d_h
+            self.q_proj = nn.Linear(D, D, bias=False)
             self.k_proj = nn.Linear(D, D, bias=False)
             self.combine_q = nn.Parameter(torch.eye(H) + 0.01 * torch.randn(H, H))  # [out head, in head]
             self.combine_k = nn.Parameter(torch.eye(H) + 0.01 * torch.randn(H, H))
@@ -104,7 +108,11 @@ class CollaborativeAttention(AttentionBase):
         chunk = math.ceil(shared_dim / n_heads)  # the last head gets a smaller chunk when D̃ % H != 0
         return (torch.arange(shared_dim)[None, :] // chunk == torch.arange(n_heads)[:, None]).float()  # (H, D̃)
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def rotary_widths(self) -> tuple[int, ...]:
+        """``paper``: RoPE acts in the shared D̃-wide key space (in head-wide blocks when D̃ is a multiple of d_h)."""
+        return (self.shared_dim,) if self.flavor == "paper" else (self.head_dim,)
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, _ = x.shape
         H = self.n_heads
         v = self.split_heads(self.v_proj(x))  # (B, H, T, dh)
@@ -113,6 +121,7 @@ class CollaborativeAttention(AttentionBase):
             k = self.k_proj(x).view(B, T, H, self.head_dim)
             q = torch.einsum("oi,btid->botd", self.combine_q, q)  # (B, H_out, T, dh)
             k = torch.einsum("oi,btid->botd", self.combine_k, k)
+            q, k = apply_rotary(q, k, rotary)  # on the mixed per-head queries and keys
             out = self.sdpa(q, k, v, masks)
         else:
             Dt = self.shared_dim
@@ -120,6 +129,8 @@ class CollaborativeAttention(AttentionBase):
             k = self.k_proj(x)  # (B, T, D̃)
             # the scale is folded into the small operands instead of the [B,H,T,S] logits
             qm = q[:, None] * (self.mixing * self.scale)[:, None, :]  # (B, H, T, D̃)
+            if rotary is not None:  # each head's query Q̃ ⊙ m_i and the shared key K̃, so scores stay relative
+                qm, k = rotary.rotate(qm), rotary.rotate(k, heads=False)
             scores = (qm.view(B, H * T, Dt) @ k.transpose(1, 2)).view(B, H, T, T)  # (B, H, T, S)
             if self.content_proj is not None:
                 cb = self.content_proj(x) * self.scale  # (B, S, H)
@@ -152,7 +163,7 @@ class CollaborativeAttention(AttentionBase):
 
     def extra_repr(self) -> str:
         if self.flavor == "damcha_repo":
-            return super().extra_repr()
+            return f"{super().extra_repr()}, shared_dim={self.shared_dim}"
         return (
             f"{super().extra_repr()}, shared_dim={self.shared_dim}, mixing_init={self.mixing_init!r}, "
             f"content_bias={self.content_proj is not None}"

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import Masks, StackShare, check_positive_int
+from .base import Masks, Rotary, StackShare, check_positive_int
 from .damcha import MBasedAttention
 from .damcha_generator import MetricConfig, token_context
 from .mha import MultiHeadAttention
@@ -177,8 +177,8 @@ class ParamMatchedMHA(MultiHeadAttention):
     def mlp(self) -> PositionwiseMLP | None:
         return self.extra if self.extra is not None else self.__dict__.get("_shared")
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
-        y = super()._attend(x, masks, None)
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
+        y = super()._attend(x, masks, None, rotary)
         return y if self.mlp is None else y + self.mlp(x)
 
     def analytic_params(self) -> int:
@@ -222,9 +222,9 @@ class ContextMLPMHA(MultiHeadAttention):
     def stack_context(cls, shared: ContextMLP, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         return shared(x, padding_mask)  # once per forward, on the stack input, like DAMCHA's generator
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         ctx = stack_context if stack_context is not None else self.context_mlp(x, masks.padding)
-        return super()._attend(x, masks, None) + ctx
+        return super()._attend(x, masks, None, rotary) + ctx
 
     def analytic_params(self) -> int:
         own = self.context_mlp.analytic_params() if self.context_mlp is not None else 0

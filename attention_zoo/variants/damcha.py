@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, StackShare
+from .base import AttentionBase, Masks, Rotary, StackShare, apply_rotary
 from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, head_queries
 
 
@@ -50,6 +50,7 @@ class MBasedAttention(AttentionBase):
     stack_shared = True
     has_metric = True
     has_aux_loss = True  # bayesian off_diag_mode: KL of α
+    rotary_ok = True
     flavors = ("paper",)
     extra_options = MetricConfig.names()
     ensemble_parameters = ("M0",)  # the static metric may carry a seed axis (engine.ensemble; see queries)
@@ -126,13 +127,16 @@ class MBasedAttention(AttentionBase):
         return self.generator if self.generator is not None else self.__dict__.get("_shared")
 
     # ---- forward --------------------------------------------------------------------------------------------
-    def _attend(self, x: Tensor, masks: Masks, stack_context: MetricContext | None) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context: MetricContext | None, rotary: Rotary | None = None
+                ) -> Tensor:
         v = self.split_heads(self.v_proj(x))  # (B, H, T, dh)
         if not self.use_M:
             q, k = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x))
         else:
             k = self.split_heads(x)  # (B, H, T, dh): raw positional slices X_i
             q = self.queries(k, x, masks.padding, stack_context)
+        # RoPE on q_i = X_i m_i and k_i = X_i per head, after the metric: the context means stay position-free.
+        q, k = apply_rotary(q, k, rotary)
         out = self.sdpa(q, k, v, masks)  # softmax(X_i m_i X_iᵀ / √dh) V_i
         return self.out_proj(self.merge_heads(out))
 

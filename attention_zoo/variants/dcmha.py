@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
@@ -54,7 +54,8 @@ class DynamicallyComposableMHA(AttentionBase):
     -> re-zero masked entries / dead rows -> dropout -> ·V -> out_proj. ``Compose`` = identity + optional
     static H x H + query-wise and key-wise rank-R terms + tanh diagonal gates (see ``compose``). Its weights
     come from a generator with one split c per (stage in {pre, post}) x (side in {query, key}) that is on:
-    h_c = GELU_tanh(x W1_c) (C = 2RH), [w1; w2] = h_c W2_c, w1 RMS-normalised over H (no scale, eps 1e-6),
+    h_c = GELU(x W1_c) (C = 2RH; ``gelu_approximate="tanh"``, the JAX code's GELU, by default, or ``"none"``,
+    the exact GELU of DCFormer's PyTorch code), [w1; w2] = h_c W2_c, w1 RMS-normalised over H (no scale, eps 1e-6),
     gate_c = tanh(x Wd_c); no biases. Init as the reference: W1 ~ N(0, 2/(D+C)),
     W2 ~ N(0, (0.01 * 2/(H+R) / sqrt(C))^2), Wd ~ N(0, (0.005 * sqrt(2/(D+H)))^2), static ~ N(0, 0.01/H),
     so the module starts close to MHA. Queries are processed in blocks of ``query_chunk`` rows (exact:
@@ -64,20 +65,24 @@ class DynamicallyComposableMHA(AttentionBase):
     Parameters as built: 4D^2 (+4D bias) + n (D C + 2 R C H + D H) (+ H^2 per stage with ``use_static``),
     n = number of splits. With the defaults (R = 2, C = 4H, n = 4) this is exactly the documented
     4D^2 + 4D + 20DH + 64H^2 (docs/variants.md §3.5; 90,624 at D = 128, H = 8), not an approximation.
+    ``bias`` (default True, as every projection of the DAMCHA comparison's block; docs/variants.md §3.3) adds
+    the 4D; ``bias=False`` is the references' bias-free q/k/v/o.
 
     ``damcha_repo`` (the DAMCHA authors' ``DCMHAAttention``): one pre-softmax composition per query,
     alpha = softmax over source heads of Router(x_t) reshaped [H_in, H_out], Router = Linear(D, r) -> tanh
     -> Linear(r, H^2), r = max(4, H // 2); g = sigmoid(Linear(D, H)(x_t)); scores = g * (alpha^T scores)
     + (1 - g) * scores, applied as the single per-query matrix diag(g) alpha^T + diag(1 - g); then mask,
     softmax, dropout, ·V, out_proj. Default init gives alpha ~ 1/H and g ~ 0.5, so it does not start as MHA.
-    The paper-only options (rank, use_static, pre/post_compose, query/key_wise) must keep their defaults.
+    The paper-only options (rank, use_static, pre/post_compose, query/key_wise, gelu_approximate) must keep their
+    defaults.
 
     Raises:
-        ValueError: bad ``flavor``, ``rank``, ``query_chunk``, a paper-only option changed under
+        ValueError: bad ``flavor``, ``rank``, ``query_chunk``, ``gelu_approximate``, a paper-only option changed under
             ``flavor="damcha_repo"``, or bad sizes/dropout (see ``AttentionBase``).
     """
 
     needs_full_logits = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     def __init__(
@@ -95,12 +100,14 @@ class DynamicallyComposableMHA(AttentionBase):
         post_compose: bool = True,
         query_wise: bool = True,
         key_wise: bool = True,
+        gelu_approximate: str = "tanh",
         query_chunk: int = 64,
         max_seq_len: int | None = None,
     ):
         super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
         self.rank = check_positive_int("rank", rank)
         self.query_chunk = check_positive_int("query_chunk", query_chunk)
+        self.gelu_approximate = check_choice("gelu_approximate", gelu_approximate, ("tanh", "none"))  # F.gelu's
         switches = {"use_static": use_static, "pre_compose": pre_compose, "post_compose": post_compose,
                     "query_wise": query_wise, "key_wise": key_wise}  # fmt: skip
         for name, value in switches.items():
@@ -108,8 +115,8 @@ class DynamicallyComposableMHA(AttentionBase):
                 raise ValueError(f"{name}: expected a bool, got {value!r}")
         if flavor == "damcha_repo":
             defaults = {"rank": 2, "use_static": False, "pre_compose": True, "post_compose": True,
-                        "query_wise": True, "key_wise": True}  # fmt: skip
-            for name, value in {"rank": rank, **switches}.items():
+                        "query_wise": True, "key_wise": True, "gelu_approximate": "tanh"}  # fmt: skip
+            for name, value in {"rank": rank, "gelu_approximate": gelu_approximate, **switches}.items():
                 if value != defaults[name]:
                     raise ValueError(f"{name}: only used by flavor='paper', leave it at {defaults[name]!r}")
         self.bias, self.use_static = bool(bias), use_static
@@ -153,17 +160,18 @@ class DynamicallyComposableMHA(AttentionBase):
         """x [B,T,D] -> {split: (w1 [B,T,R,H] RMS-normalised over H, w2 [B,T,R,H], gate [B,T,H])}."""
         B, T, _ = x.shape
         n, R, H = len(self.splits), self.rank, self.n_heads
-        hidden = F.gelu(self.dyn_w1(x), approximate="tanh").view(B, T, n, -1)  # (B, T, n, C)
+        hidden = F.gelu(self.dyn_w1(x), approximate=self.gelu_approximate).view(B, T, n, -1)  # (B, T, n, C)
         w = torch.einsum("btnc,nck->btnk", hidden, self.dyn_w2).view(B, T, n, 2 * R, H)  # (B, T, n, 2R, H)
         w1, w2 = w.split(R, dim=3)  # (B, T, n, R, H) each
         w1 = w1 * torch.rsqrt(w1.pow(2).mean(-1, keepdim=True) + RMS_EPS)
         gate = torch.tanh(self.dyn_d(x)).view(B, T, n, H)  # (B, T, n, H)
         return {c: (w1[:, :, i], w2[:, :, i], gate[:, :, i]) for i, c in enumerate(self.splits)}
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = apply_rotary(q, k, rotary)  # before the logits; Compose mixes relative logits, its weights read x
         q = q * self.head_dim**-0.5  # Compose is linear, so scaling q equals scaling the logits
         k_t = k.transpose(-2, -1)  # (B, H, dh, S)
         dyn = self.dynamic_weights(x) if self.splits else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks
+from .base import AttentionBase, Masks, Rotary, apply_rotary
 
 
 @register_attention("mha")
@@ -13,6 +13,7 @@ class MultiHeadAttention(AttentionBase):
     """Multi-head attention on F.scaled_dot_product_attention (``fused=False``: explicit math path)."""
 
     fused_kernel = True
+    rotary_ok = True
     flavors = ("paper",)  # the DAMCHA authors ran the same method (docs/variants.md §1)
 
     def __init__(
@@ -32,10 +33,11 @@ class MultiHeadAttention(AttentionBase):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = apply_rotary(q, k, rotary)
         if self.fused:
             out = self.sdpa(q, k, v, masks)
         else:

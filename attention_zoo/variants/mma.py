@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_positive_int
 
 GROUPS = ("global", "local", "forward", "backward")
 
@@ -58,6 +58,7 @@ class MixedMultiHeadAttention(AttentionBase):
     """
 
     fused_kernel = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     def __init__(
@@ -123,10 +124,11 @@ class MixedMultiHeadAttention(AttentionBase):
             self._keep_cache[key] = by_group[gid][None]  # (1, H, T, S)
         return self._keep_cache[key]
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = apply_rotary(q, k, rotary)  # the group masks are relative (j - i): RoPE keeps them meaningful
         return self.out_proj(self.merge_heads(self.sdpa(q, k, v, masks)))
 
     def analytic_params(self) -> int:

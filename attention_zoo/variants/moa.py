@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_positive_int, value_shape
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_positive_int, value_shape
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -128,9 +128,10 @@ def _check_weight(name: str, value) -> float:
 class MixtureOfAttentionHeads(AttentionBase):
     """Mixture of Attention Heads (MoA, arXiv 2210.05144): per-token top-k routing over attention experts.
 
-    Options: ``n_experts`` E (default 2H), ``top_k`` k (default H), head width d_h = D/H. ``paper`` only:
-    ``switch_weight``, ``z_weight``, ``cv_weight`` (aux-loss weights), ``noisy_gating`` (learned Gaussian noise
-    on the router logits in training). After every forward ``aux_loss`` holds the weighted balancing loss
+    Options: ``n_experts`` E (default 2H), ``top_k`` k (default H). ``paper`` only: ``head_dim`` d_h, the width of
+    every expert's query and of the shared key/value (default D/H; the MoA authors use 128 or 256 with 8-12
+    experts), ``switch_weight``, ``z_weight``, ``cv_weight`` (aux-loss weights), ``noisy_gating`` (learned Gaussian
+    noise on the router logits in training). After every forward ``aux_loss`` holds the weighted balancing loss
     (a zero scalar in ``damcha_repo``) and ``last_expert_load`` the number of real tokens routed to each
     expert ([E], detached). The zero-initialised ``paper`` router gives all experts equal probability at
     step 0; ties are broken towards the lowest expert index (a stable sort: ``torch.topk`` on CPU breaks them
@@ -138,14 +139,15 @@ class MixtureOfAttentionHeads(AttentionBase):
     A per-head ``attn_mask`` [B,H,T,S] must be identical across heads: experts are not heads.
 
     Raises:
-        ValueError: ``n_experts``/``top_k`` not positive ints, ``top_k > n_experts``; a negative or non-finite
-            aux-loss weight; ``noisy_gating`` not a bool or set with ``flavor="damcha_repo"``; a per-head
+        ValueError: ``n_experts``/``top_k``/``head_dim`` not positive ints, ``top_k > n_experts``; a negative or
+            non-finite aux-loss weight; ``noisy_gating`` or ``head_dim`` set with ``flavor="damcha_repo"``; a per-head
             ``attn_mask`` whose heads differ; and everything ``AttentionBase`` rejects.
     """
 
     fused_kernel = True
     data_dependent_compute = True
     has_aux_loss = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
 
     @classmethod
@@ -168,6 +170,7 @@ class MixtureOfAttentionHeads(AttentionBase):
         flavor: str = "paper",
         n_experts: int | None = None,
         top_k: int | None = None,
+        head_dim: int | None = None,
         switch_weight: float = 0.01,
         z_weight: float = 0.001,
         cv_weight: float = 0.0,
@@ -187,6 +190,10 @@ class MixtureOfAttentionHeads(AttentionBase):
         if noisy_gating and flavor == "damcha_repo":
             raise ValueError("noisy_gating: only the 'paper' flavour has noisy gating")
         self.noisy_gating = noisy_gating
+        if head_dim is not None:
+            if flavor == "damcha_repo":
+                raise ValueError("head_dim: only the 'paper' flavour takes it (the DAMCHA authors' code uses D/H)")
+            self.head_dim = check_positive_int("head_dim", head_dim)  # replaces the base's D/H
         self.last_expert_load: Tensor | None = None
         D, E, k, dh = d_model, self.n_experts, self.top_k, self.head_dim
         if flavor == "paper":
@@ -217,12 +224,13 @@ class MixtureOfAttentionHeads(AttentionBase):
             attn_mask = attn_mask[:, :1]  # (B, 1, T, S)
         return padding_mask, attn_mask
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         real = None if masks.padding is None else masks.padding.reshape(-1)  # (B*T,) True = real token
-        return self._paper(x, masks, real) if self.flavor == "paper" else self._damcha_repo(x, masks, real)
+        run = self._paper if self.flavor == "paper" else self._damcha_repo
+        return run(x, masks, real, rotary)
 
     # ---- paper -------------------------------------------------------------------------------------------
-    def _paper(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+    def _paper(self, x: Tensor, masks: Masks, real: Tensor | None, rotary: Rotary | None) -> Tensor:
         B, T, D = x.shape
         N, E, k, dh = B * T, self.n_experts, self.top_k, self.head_dim
         xf = x.reshape(N, D)
@@ -240,8 +248,9 @@ class MixtureOfAttentionHeads(AttentionBase):
         q = _ExpertLinear.apply(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
         q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
         kv = self.kv(x).view(B, 1, T, 2, dh)  # shared K/V: one "group" that all k slots read (GQA)
+        q, k_ = apply_rotary(q, kv[..., 0, :], rotary)  # each expert's query and the shared key
         o = F.scaled_dot_product_attention(  # GQA: no [B,k,T,dh] copies of K/V or of their gradients
-            q, kv[..., 0, :], kv[..., 1, :], dropout_p=self.dropout_p if self.training else 0.0, enable_gqa=True,
+            q, k_, kv[..., 1, :], dropout_p=self.dropout_p if self.training else 0.0, enable_gqa=True,
             **masks.sdpa_args(q.dtype),
         )
         o = masks.zero_dead(o).transpose(1, 2) * gates.view(B, T, k, 1)  # (B, T, k, dh)
@@ -265,13 +274,14 @@ class MixtureOfAttentionHeads(AttentionBase):
         return self.switch_weight * switch + self.z_weight * z + self.cv_weight * cv
 
     # ---- damcha_repo ---------------------------------------------------------------------------------------
-    def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None) -> Tensor:
+    def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None, rotary: Rotary | None) -> Tensor:
         B, T, D = x.shape
         E, k, dh = self.n_experts, self.top_k, self.head_dim
         top, idx = _top_k(self.router(x), k)  # (B, T, k) logits in rank order
         gates = torch.softmax(top, dim=-1)  # renormalised over the k selected
         w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
         q, k_, v = (x @ w).view(B, T, 3, E, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, E, T, dh)
+        q, k_ = apply_rotary(q, k_, rotary)
         out = self.sdpa(q, k_, v, masks).transpose(1, 2)  # (B, T, E, dh): every expert, dense
         out = out.gather(2, idx[..., None].expand(B, T, k, dh)) * gates[..., None]  # (B, T, k, dh) by rank
         routed = torch.zeros(B * T, E, device=x.device).scatter(1, idx.reshape(-1, k), 1.0)  # (B*T, E)
@@ -281,6 +291,8 @@ class MixtureOfAttentionHeads(AttentionBase):
 
     # ---- costs ---------------------------------------------------------------------------------------------
     def analytic_params(self) -> int:
+        """``paper``: 2EDd_h + 2Dd_h + DE (+DE noise router), d_h = ``head_dim``; ``damcha_repo``: 3EDd_h + kd_hD +
+        D + DE + E (docs/variants.md §9)."""
         D, E, k, dh = self.d_model, self.n_experts, self.top_k, self.head_dim
         if self.flavor == "paper":
             return 2 * E * D * dh + 2 * D * dh + D * E * (2 if self.noisy_gating else 1)
@@ -293,6 +305,9 @@ class MixtureOfAttentionHeads(AttentionBase):
             router = 2 * D * E * (2 if self.noisy_gating else 1)
             return batch * (T * (router + 4 * k * D * dh + 4 * D * dh) + 4 * k * dh * T * T)
         return batch * (6 * T * E * D * dh + 4 * E * T * T * dh + 2 * T * D * E + 2 * T * k * dh * D)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, n_experts={self.n_experts}, top_k={self.top_k}, head_dim={self.head_dim}"
 
 
 def _top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, check_choice
+from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 
 __all__ = ["TalkingHeadsAttention", "mix_heads", "rezero", "softmax_fp32"]
@@ -32,6 +32,7 @@ class TalkingHeadsAttention(AttentionBase):
     """
 
     needs_full_logits = True
+    rotary_ok = True
     flavors = ("paper", "damcha_repo")
     query_chunk = 64  # rows per block of the chunked core: exact for any value, 4 MiB blocks at H=8, S=512
 
@@ -67,10 +68,11 @@ class TalkingHeadsAttention(AttentionBase):
                 else:
                     lin.weight.normal_(0.0, self.n_heads**-0.5)
 
-    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+    def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = apply_rotary(q, k, rotary)  # before the logits: each head's logits are relative, so are their mixes
         # The chunked core (headmix.py) runs logits -> pre-mix -> mask (finite negative, after the mix: never -inf
         # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward.
         # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S].
