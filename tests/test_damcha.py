@@ -217,7 +217,17 @@ def test_static_metric_starts_at_identity_and_trains():
     assert attn.get_M_matrices()[0][0] == "attn.M0"
     model = zoo.models.Decoder(vocab_size=11, d_model=D, n_layers=1, n_heads=H, attention="damcha",
                                attention_options={"use_mlp": False})
-    assert model.stack.shared is None
+    from attention_zoo.variants.damcha import StaticMetric
+
+    assert isinstance(model.stack.shared, StaticMetric)  # "w/o f(x)" keeps sharing: one M0 for the stack
+    two = zoo.models.Decoder(vocab_size=11, d_model=D, n_layers=2, n_heads=H, attention="damcha",
+                             attention_options={"use_mlp": False}, share_mlp=False)
+    assert two.stack.shared is None  # "w/o both": one M0 per layer
+    assert two.stack.layers[0].attn.static_M0 is not two.stack.layers[1].attn.static_M0
+    three = zoo.models.Decoder(vocab_size=11, d_model=D, n_layers=2, n_heads=H, attention="damcha",
+                               attention_options={"use_mlp": False})
+    assert three.stack.layers[0].attn.static_M0 is three.stack.layers[1].attn.static_M0
+    assert sum(p.numel() for p in three.parameters()) + D * D == sum(p.numel() for p in two.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     tokens = torch.arange(11).repeat(2, 1)[:, :10]  # a deterministic cycle: learnable
     losses = []
@@ -229,7 +239,7 @@ def test_static_metric_starts_at_identity_and_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses[::10]
-    assert not torch.equal(model.stack.layers[0].attn.M0, torch.eye(D))
+    assert not torch.equal(model.stack.layers[0].attn.static_M0, torch.eye(D))
 
 
 def test_use_M_false_is_standard_attention():

@@ -14,8 +14,8 @@ the seven variants and any script runs a control by name (``--variants mha,damch
   same parameter count — applied to the same context (the mean of the real tokens, or the causal prefix mean, of
   the stack input when shared), its D² outputs averaged in groups of D to one D-vector that is added to the
   attention output at every position. The same extra parameters reading the same statistic, with no metric.
-- ``damcha_static`` (static metric): DAMCHA without f(x) (``use_mlp=False``: a learned D×D M0 per layer, identity
-  init), the paper's own ablation, reported as a control.
+- ``damcha_static`` (static metric): DAMCHA without f(x) (``use_mlp=False``: a learned D×D M0, identity init, one
+  for the stack when shared as DAMCHA's generator is), the paper's own ablation, reported as a control.
 - ``damcha_bm`` (budget-matched DAMCHA): DAMCHA with a collapsed generator (H·dₕ·dₕ outputs, the functionally
   distinct RowSums) and one hidden layer whose width is solved so the model has MHA's parameter count.
 """
@@ -250,8 +250,8 @@ class StaticMetricDAMCHA(MBasedAttention):
     extra_options = ()
 
     @classmethod
-    def build_stack_shared(cls, **kwargs):
-        return None  # a static metric has no generator to share
+    def build_stack_shared(cls, **options):
+        return super().build_stack_shared(**{**options, "use_mlp": False})  # one static M0 for a sharing stack
 
 
 @register_attention("damcha_bm")

@@ -19,6 +19,25 @@ from .base import AttentionBase, Masks, Rotary, StackShare, apply_rotary
 from .damcha_generator import MetricConfig, MetricContext, StructuredMLPForM, head_queries
 
 
+class StaticMetric(nn.Module):
+    """One learned static D×D metric M0 (identity init) shared by a stack: DAMCHA "w/o f(x)" with sharing."""
+
+    ensemble_parameters = ("M0",)  # may carry a seed axis (engine.ensemble)
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.M0 = nn.Parameter(torch.eye(d_model))
+
+    def stack_context(self, x: Tensor, padding_mask: Tensor | None) -> None:
+        return None  # the layers read M0 itself
+
+    def analytic_params(self) -> int:
+        return self.M0.shape[-1] ** 2
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        return 0  # RowSum(M0) is D² additions per forward, not counted (like masks and softmax)
+
+
 @register_attention("damcha")
 class MBasedAttention(AttentionBase):
     """DAMCHA attention layer (the authors' ``MBasedAttention``) with their option names.
@@ -63,12 +82,14 @@ class MBasedAttention(AttentionBase):
         super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
         stack = StackShare.check(stack)
         shared = stack.shared
-        if shared is not None and not isinstance(shared, StructuredMLPForM):
-            raise ValueError(f"stack: shared: expected the StructuredMLPForM of build_stack_shared, got "
-                             f"{type(shared).__name__}")
-        if shared is not None and not (use_M and use_mlp):
-            raise ValueError("stack: a shared metric generator needs use_M=True and use_mlp=True")
-        if shared is not None:
+        if shared is not None and not isinstance(shared, (StructuredMLPForM, StaticMetric)):
+            raise ValueError(f"stack: shared: expected the StructuredMLPForM or StaticMetric of build_stack_shared, "
+                             f"got {type(shared).__name__}")
+        if shared is not None and not use_M or isinstance(shared, StructuredMLPForM) and not use_mlp \
+                or isinstance(shared, StaticMetric) and use_mlp:
+            raise ValueError("stack: a shared metric generator needs use_M=True and use_mlp=True, a shared static "
+                             "metric use_M=True and use_mlp=False")
+        if isinstance(shared, StructuredMLPForM):
             check_metric_names(mlp_hidden, metric_options)
             cfg = shared.cfg  # built by build_stack_shared from these same options
         else:
@@ -86,7 +107,7 @@ class MBasedAttention(AttentionBase):
         self.generator: StructuredMLPForM | None = None
         if not use_M:  # standard Q/K/V attention inside the DAMCHA code path
             self.q_proj, self.k_proj = nn.Linear(D, D), nn.Linear(D, D)
-        elif not use_mlp:  # "w/o f(x)": static metric, RowSum(M0) = I at init
+        elif not use_mlp and shared is None:  # "w/o f(x)" and unshared: this layer's static M0, RowSum = I at init
             self.M0 = nn.Parameter(torch.eye(D))
         elif shared is not None:
             # Referenced, not registered: the stack owns it, so it is counted and saved once.
@@ -99,10 +120,13 @@ class MBasedAttention(AttentionBase):
     @classmethod
     def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
                            **options) -> StructuredMLPForM | None:
-        """One metric generator for the whole stack, or None when the options share none: ``share_mlp=False``
-        (one generator per layer), ``use_M=False`` (no metric) or ``use_mlp=False`` (static M0 per layer)."""
-        if not all(options.get(k, True) for k in ("share_mlp", "use_M", "use_mlp")):
+        """One metric generator for the whole stack (with ``use_mlp=False``: one static metric M0 for the stack, the
+        paper's "w/o f(x)" that keeps sharing), or None when the options share none: ``share_mlp=False`` (one per
+        layer) or ``use_M=False`` (no metric)."""
+        if not options.get("share_mlp", True) or not options.get("use_M", True):
             return None
+        if not options.get("use_mlp", True):
+            return StaticMetric(d_model)
         metric_options = {k: v for k, v in options.items() if k in MetricConfig.names()}
         cfg = metric_config(options.get("mlp_hidden"), metric_options)
         return StructuredMLPForM(d_model, n_heads, causal, n_layers, cfg, dropout=dropout)
@@ -124,7 +148,10 @@ class MBasedAttention(AttentionBase):
 
     @property
     def metric_generator(self) -> StructuredMLPForM | None:
-        return self.generator if self.generator is not None else self.__dict__.get("_shared")
+        if self.generator is not None:
+            return self.generator
+        shared = self.__dict__.get("_shared")
+        return shared if isinstance(shared, StructuredMLPForM) else None
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _attend(self, x: Tensor, masks: Masks, stack_context: MetricContext | None, rotary: Rotary | None = None
@@ -154,7 +181,14 @@ class MBasedAttention(AttentionBase):
     def static_metrics(self) -> Tensor:
         """RowSum(M0) as [H, dh, dh] ([S, H, dh, dh] in a grouped ensemble; no block scales on the static metric)."""
         H, dh = self.n_heads, self.head_dim
-        return self.M0.unflatten(-1, (H, dh)).unflatten(-3, (H, dh)).sum(-2)  # (…, H, dh, H, dh) -> (…, H, dh, dh)
+        blocks = self.static_M0.unflatten(-1, (H, dh)).unflatten(-3, (H, dh))  # (…, H, dh, H, dh)
+        return blocks.sum(-2)  # (…, H, dh, dh)
+
+    @property
+    def static_M0(self) -> Tensor:
+        """This layer's M0, or the stack's shared one."""
+        own = self.__dict__.get("_parameters", {}).get("M0")
+        return own if own is not None else self.__dict__["_shared"].M0
 
     # ---- inspection -----------------------------------------------------------------------------------------
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:
@@ -163,7 +197,7 @@ class MBasedAttention(AttentionBase):
         if not self.use_M:
             return []
         if not self.use_mlp:
-            return [("attn.M0", self.M0.detach().clone())]
+            return [("attn.M0", self.static_M0.detach().clone())]
         if self._last_summary is None:
             return []
         return [("attn.M", self.metric_generator.metric_matrix(self._last_summary, self.layer_idx))]
@@ -184,7 +218,7 @@ class MBasedAttention(AttentionBase):
         if not self.use_M:
             return n + 2 * D * D + 2 * D
         if not self.use_mlp:
-            return n + D * D
+            return n + (D * D if "_shared" not in self.__dict__ else 0)  # a shared M0 is the stack's
         return n + (self.generator.analytic_params() if self.generator is not None else 0)
 
     def analytic_flops(self, batch: int, seq_len: int) -> int:
