@@ -11,12 +11,17 @@ from .io import atomic_savefig
 from .report import t_band
 
 # ---- palette and series styles ----------------------------------------------------------------------------------
-# One colour per variant, the same in every figure (colour-blind-safe, Okabe-Ito/seaborn "colorblind"); MHA, the
-# reference, is dark grey; DAMCHA vermillion. Flavours and option rows differ by line style (lines) or hatch (bars).
-VARIANT_COLOURS = {"mha": "#4d4d4d", "tha": "#0173b2", "dcmha": "#029e73", "colmha": "#cc78bc", "mma": "#de8f05",
-                   "moa": "#ca9161", "damcha": "#d55e00"}
-EXTRA_COLOURS = ("#56b4e9", "#7f3c8d", "#e6ab02", "#e73f74", "#11a579", "#3969ac", "#80ba5a", "#008695",
-                 "#f97b72", "#a5aa99")  # registered plugins: picked by a hash of the name, so always the same one
+# One colour per variant, the same in every figure, seven distinct hues (grey, blue, green, magenta, purple, olive,
+# vermillion; colour-blind-safe Okabe-Ito / Tol tones): MHA, the reference, is dark grey; DAMCHA vermillion. Flavours
+# and option rows differ by line style (lines) or hatch (bars). Control arms (docs/claims.md) have colours of their
+# own, dash-dot lines, distinct markers and a hatch, so they never read as one of the seven methods.
+VARIANT_COLOURS = {"mha": "#4d4d4d", "tha": "#0173b2", "dcmha": "#029e73", "colmha": "#cc78bc", "mma": "#7f3c8d",
+                   "moa": "#999933", "damcha": "#d55e00"}
+CONTROL_STYLES = {"mha_pm": ("#000000", "D"), "mha_ctx": ("#008695", "P"), "damcha_static": ("#e6ab02", "v"),
+                  "damcha_bm": ("#f97b72", "X")}
+CONTROL_LINESTYLE, CONTROL_HATCH = "-.", "\\\\"
+EXTRA_COLOURS = ("#56b4e9", "#332288", "#882255", "#e73f74", "#11a579", "#3969ac", "#80ba5a", "#44aa99",
+                 "#aa4499", "#a5aa99")  # registered plugins: picked by a hash of the name, so always the same one
 OTHER_COLOURS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666", "#d95f02")
 FLAVOUR_LINESTYLE = {"paper": "-", "damcha_repo": "--"}
 FLAVOUR_HATCH = {"paper": "", "damcha_repo": "///"}
@@ -31,7 +36,15 @@ def variant_colour(name: str) -> str:
 
     if name in VARIANT_COLOURS:
         return VARIANT_COLOURS[name]
+    if name in CONTROL_STYLES:
+        return CONTROL_STYLES[name][0]
     return EXTRA_COLOURS[zlib.crc32(name.encode()) % len(EXTRA_COLOURS)]
+
+
+def _is_control(name: str) -> bool:
+    from .registry import get_attention_spec, is_attention
+
+    return name in CONTROL_STYLES or (is_attention(name) and get_attention_spec(name).control)
 
 
 def variant_palette(names: list[str] | None = None) -> dict[str, str]:
@@ -64,8 +77,8 @@ def parse_label(label: str) -> tuple[str, str, bool]:
 
 def sort_labels(labels) -> list[str]:
     """Series labels in one order for every figure: the paper's methods in table order (MHA first, DAMCHA last),
-    then other variants by name; paper flavour before damcha_repo, option rows after; non-variant labels keep their
-    order, after the variants."""
+    then other variants by name, then the control arms; paper flavour before damcha_repo, option rows after;
+    non-variant labels keep their order, after the arms."""
     order = {v: i for i, v in enumerate(VARIANT_COLOURS)}
     labels = list(dict.fromkeys(map(str, labels)))
 
@@ -73,8 +86,9 @@ def sort_labels(labels) -> list[str]:
         i, lab = item
         v, flavour, options = parse_label(lab)
         if not _is_variant(v):
-            return (2, 0, "", 0, 0, i)
-        return (0 if v in order else 1, order.get(v, 0), v, int(options), int(flavour != "paper"), i)
+            return (3, 0, "", 0, 0, i)
+        rank = 0 if v in order else (2 if _is_control(v) else 1)
+        return (rank, order.get(v, 0), v, int(options), int(flavour != "paper"), i)
 
     return [lab for _, lab in sorted(enumerate(labels), key=key)]
 
@@ -97,7 +111,10 @@ def series_styles(labels) -> dict[str, SeriesStyle]:
     styles, other = {}, 0
     for lab in labels:
         v, flavour, options = parsed[lab]
-        if lab in variant_like:
+        if lab in variant_like and _is_control(v):
+            styles[lab] = SeriesStyle(color=variant_colour(v), linestyle=CONTROL_LINESTYLE, hatch=CONTROL_HATCH,
+                                      marker=CONTROL_STYLES.get(v, ("", "d"))[1])
+        elif lab in variant_like:
             styles[lab] = SeriesStyle(color=variant_colour(v),
                                       linestyle=OPTION_LINESTYLE if options else FLAVOUR_LINESTYLE[flavour],
                                       hatch=OPTION_HATCH if options else FLAVOUR_HATCH[flavour],
@@ -313,6 +330,46 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     legend_outside(ax)
+    out = atomic_savefig(fig, path, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabel: str, arm: str = "arm",
+               paper: dict | None = None, panel_title: str = "{}") -> Path:
+    """Seed-paired differences vs the reference arm: one dot with its interval whisker per arm (rows, shared across
+    panels), one panel per ``panel`` value, a zero line; ``paper`` {(panel value, arm): x} as black stars. ``df``:
+    ``delta_frame`` output (``mean``, ``low``, ``high``, ``n``). A single seed has no whisker (its n says so)."""
+    plt, _ = _plt()
+    order = sort_labels(df[arm].astype(str))
+    styles = series_styles(order)
+    panels = list(dict.fromkeys(df[panel]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels) + 2.8, 1.3 + 0.32 * len(order)),
+                             squeeze=False, sharey=True)
+    pos = {lab: i for i, lab in enumerate(order)}
+    for ax, pv in zip(axes[0], panels):
+        part = df[df[panel] == pv]
+        for _, r in part.iterrows():
+            s = styles[str(r[arm])]
+            y = pos[str(r[arm])]
+            if pd.notna(r["low"]):
+                ax.plot([r["low"], r["high"]], [y, y], color=s["color"], linestyle=s["linestyle"], lw=1.4)
+            ax.plot([r["mean"]], [y], marker=s["marker"], color=s["color"], markersize=5, linestyle="none")
+        for (pp, parm), x in (paper or {}).items():
+            if pp == pv and parm in pos:
+                ax.plot([x], [pos[parm]], marker="*", color=REFERENCE_COLOUR, markersize=11, linestyle="none")
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(order)), order, fontsize=7)
+        ax.set_title(panel_title.format(pv), fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=8)
+    axes[0][0].invert_yaxis()
+    if paper:
+        from matplotlib.lines import Line2D
+
+        legend_outside(axes[0][-1], [Line2D([], [], marker="*", color=REFERENCE_COLOUR, linestyle="none")],
+                       ["paper"])
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out

@@ -45,6 +45,14 @@ def test_palette_is_fixed_distinct_and_covers_every_registered_variant():
     # a plugin's colour is deterministic (a hash of its name), never one of the seven methods'
     assert plots.variant_colour("mine") == plots.variant_colour("mine")
     assert plots.variant_colour("mine") not in plots.VARIANT_COLOURS.values()
+    # the control arms: colours, line style and markers of their own
+    controls = [n for n in list_attentions(include_controls=True) if n not in list_attentions()]
+    styles = plots.series_styles(["mha/paper", "damcha/paper", *controls])
+    for c in controls:
+        assert styles[c]["linestyle"] == plots.CONTROL_LINESTYLE and styles[c]["hatch"]
+        assert styles[c]["color"] not in plots.VARIANT_COLOURS.values()
+    assert len({styles[c]["marker"] for c in controls}) == len(controls)
+    assert plots.sort_labels([*controls, "damcha/paper", "mha/paper"])[:2] == ["mha/paper", "damcha/paper"]
 
 
 def test_series_styles_parse_labels_flavours_and_options():

@@ -30,7 +30,6 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -42,18 +41,18 @@ from ..engine.checkpoint import strip_prefixes
 from ..engine.distributed import DistInfo
 from ..envinfo import set_seed
 from ..io import atomic_write_bytes
+from ..measure.flops import analytic_flops
+from ..measure.params import count_params
 from ..metrics import images as mi
-from ..metrics import text as mt
-from ..metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
 from ..models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
 from ..registry import split_options
-from ..results import cell_id
+from ..results import cell_id  # noqa: F401 - re-exported for the tables
+from .generation_scoring import VAL_UNIT, _row, cell_name, score_cell, validation_loss
 
 IMAGE_SETS, TEXT_SETS = ("digits", "cifar10", "cifar100"), ("concepts", "wmt14", "commongen")
 TEXT_LENGTHS = {"concepts": (64, 96), "wmt14": (128, 128), "commongen": (64, 64)}  # (source, target) max tokens
 AUTHOR_TOKENIZERS = {"wmt14": "bert-base-multilingual-cased", "commongen": "facebook/bart-base"}
 BYTES_PER_TOKEN = 4  # real text through the byte tokenizer: the authors' subword lengths × 4
-K = 50  # the @Top-50 rules
 
 
 @dataclass(frozen=True)
@@ -284,103 +283,6 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     return model, data, res
 
 
-def cell_name(cell: dict, inference: str = "") -> str:
-    """``<dataset>-<variant>-<flavor>-<setting>[-<inference>]-s<seed>-<hash of the cell key>``."""
-    parts = (cell["dataset"], cell["variant"], cell["flavor"], cell["setting"], inference, f"s{cell['seed']}",
-             hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8])
-    return "-".join(p for p in parts if p)
-
-
-def _row(metric: str, value, unit: str, status: str = "ok", message: str = "") -> dict:
-    return {"metric": metric, "value": float(value), "unit": unit, "status": status, "message": message}
-
-
-@torch.no_grad()
-def score_images(ctx: Context, model: nn.Module, data: ImageData) -> tuple[list[dict], dict]:
-    """Rows and per-sample columns of every image metric (see the module docstring)."""
-    model.eval()
-    recs, mse, nll = [], [], []
-    for batch in data.batches("eval", 64)(None):
-        b = tuple(t.to(ctx.device) for t in batch)
-        logits = model(*b[:-1]).logits.float()
-        if data.task == "patch":
-            mse.append(dt.masked_mse_per_sample(logits, b[2], b[1]).double().cpu())
-            recs.append(data.eval_set.reconstruct(batch, logits.cpu()))
-        else:
-            nll.append(nn.functional.cross_entropy(logits.transpose(1, 2), b[1], reduction="none").mean(1).cpu())
-            recs.append(data.tok.decode(logits.argmax(-1).cpu(), *data.eval_images.shape[2:]))
-    recon = mi.as_uint8(torch.cat(recs))
-    whole = mi.per_sample_mse(data.eval_images, recon).numpy()
-    mse = torch.cat(mse).numpy() if mse else whole
-    f_orig = ctx.original_features(data)
-    f_rec = mi.extract_features(recon, ctx.extractor, device=str(ctx.device))
-    fd = mi.feature_distance(f_orig, f_rec).numpy()
-    top, ftop = mse_top50(mse, K, allow_fewer=True), feature_top50(fd, mse, K, allow_fewer=True)
-    idx = torch.from_numpy(top.indices)
-    unit = "[-1,1]^2 (masked patches)" if data.task == "patch" else "[-1,1]^2"
-    rows = [_row("mse", mse.mean(), unit), _row("mse_q25", np.quantile(mse, 0.25), unit),
-            _row("mse_q75", np.quantile(mse, 0.75), unit), _row("fid", mi.fid_from_features(f_orig, f_rec), "FID"),
-            _row("fid_top50", mi.fid_from_features(f_orig[idx], f_rec[idx]), "FID (50-sample)"),
-            _row("feature_distance", fd.mean(), "squared L2"), _row("feature_top50_mse", ftop.value, unit),
-            _row("mse_top50_mean", top.value, unit), _row("best_mse", mse.min(), unit),
-            _row("top50_k", top.k, "samples"), _row("n_eval", len(mse), "samples")]
-    cols = {"mse": mse, "mse_image": whole, "feature_distance": fd}
-    if nll:
-        cols["nll"] = torch.cat(nll).double().numpy()
-        rows.append(_row("nll", cols["nll"].mean(), "nats/token"))
-    return rows, cols
-
-
-def score_text(ctx: Context, model: nn.Module, data: TextData) -> tuple[list[dict], dict]:
-    """Rows and per-sample columns of every text metric; unavailable scorers give NaN ``unsupported`` rows."""
-    nll = mt.per_example_nll(model, data.eval_set, data.tok, 32, ctx.device)
-    gen = s2s.greedy_decode(model, [e.source for e in data.eval_set], data.tok, data.max_new_tokens, 32, ctx.device)
-    hyps, refs = [data.tok.decode(g) for g in gen], [t for _, t in data.eval_pairs]
-    cols = {"nll": nll, "hypothesis": hyps, "reference": refs}
-    rows = [_row("nll", nll.mean(), "nats/token"), _row("nll_q25", np.quantile(nll, 0.25), "nats/token"),
-            _row("nll_q75", np.quantile(nll, 0.75), "nats/token"),
-            _row("nll_low50", np.sort(nll)[:K].mean(), "nats/token"), _row("top50_k", min(K, len(nll)), "samples"),
-            _row("n_eval", len(nll), "samples")]
-    for name, unit in (("bertscore_f1", "F1 (MiniLM-L6)"), ("bartscore", "log-prob")):
-        names = (name, f"{name}_nll_top50", f"{name}_score_top50")
-        try:
-            s = cols[name] = bertscore_f1(hyps, refs, str(ctx.device)) if name == "bertscore_f1" else \
-                bart_scorer(ctx.bart_path, str(ctx.device)).score(hyps, refs)
-        except mt.ModelNotAvailableError as exc:
-            rows += [_row(m, math.nan, unit, "unsupported", str(exc)) for m in names]
-            continue
-        values = (s.mean(), nll_top50(nll, s, K, True).value, score_top50(s, K, True).value)
-        rows += [_row(m, v, unit) for m, v in zip(names, values)]
-    return rows, cols
-
-
-def bertscore_f1(hyps: list[str], refs: list[str], device: str) -> np.ndarray:
-    """Per-example BERTScore F1; empty hypotheses score 0 (bert-score's rule; its own check crashes here)."""
-    f1, real = np.zeros(len(hyps)), [i for i, h in enumerate(hyps) if h.strip()]
-    if real:
-        f1[real] = mt.bertscore([hyps[i] for i in real], [refs[i] for i in real], device=device)["f1"]
-    return f1
-
-
-@functools.lru_cache(maxsize=2)
-def bart_scorer(path: str | None, device: str):
-    """The BARTScorer (loaded once per process). Raises ModelNotAvailableError with a short message."""
-    try:
-        return mt.BARTScorer(path, device=device)
-    except mt.ModelNotAvailableError:
-        raise mt.ModelNotAvailableError(f"{mt.DEFAULT_BART} is not available offline; pass --bart-path DIR or set "
-                                        f"${mt.BART_ENV}") from None
-
-
-def score_cell(ctx: Context, cell: dict, model: nn.Module, data, inference: str = "") -> list[dict]:
-    """Score a trained model, write its per-sample file and return the cell's rows (tagged with the file)."""
-    rows, cols = (score_images if data.kind == "image" else score_text)(ctx, model, data)
-    rel = Path("per_sample") / cell["dataset"] / f"{cell_name(cell, inference)}.jsonl"
-    write_per_sample(ctx.out / rel, cols, **{k: cell[k] for k in ("dataset", "variant", "flavor", "setting", "seed")},
-                     inference=inference)
-    return [{**r, "inference": inference, "per_sample": str(rel)} for r in rows]
-
-
 def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share_mlp: bool = True,
                     inference: dict | None = None) -> list[dict] | None:
     """Train a cell and score it (once, or once per ``inference`` entry ``label -> fn(model)`` that sets an
@@ -391,10 +293,15 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
     if res.status != "ok":
         return [_row("train_loss", math.nan, "nats", res.status, f"non-finite loss or grad norm at step "
                      f"{res.step + 1}; see {res.log_path}")]
+    counts, cfg = count_params(model), ctx.train_config(data)
+    seq_len = data.n_tokens if data.task == "patch" else data.seq_len
     extra = {"train_steps": res.step, "train_time_s": res.train_time_s, "best_val_loss": res.best_eval,
-             "params": sum(p.numel() for p in model.parameters())}
+             "params": counts["total_params"], "attention_params": counts["attention_params"],
+             # analytic: 3 × the forward count (backward ≈ 2 × forward) × sequences processed
+             "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9}
     rows = []
     for label, apply in (inference or {"": lambda m: None}).items():
         apply(model)
-        rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label)]
+        val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label}]
+        rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
     return rows

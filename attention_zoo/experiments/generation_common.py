@@ -29,7 +29,7 @@ from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
-NOT_COMPARABLE = "not comparable: smoke preset on digits/concept task"
+NOT_COMPARABLE = "not comparable"  # report.comparison_frame gives such rows no delta
 
 
 # ---- --------------------------------------------------------------------
@@ -210,3 +210,53 @@ def image_text_notes(df: pd.DataFrame, ctx: Context) -> list[str]:
     bad = df[df["status"] != "ok"].drop_duplicates(["metric", "status", "message"])
     notes += [f"`{r.metric}`: {r.status} — {r.message}" for r in bad.itertuples() if not r.metric.endswith("top50")]
     return notes
+
+
+# ---- report pieces shared by Tables 1, 3, 4 ---------------------------------------------------------------------
+PAPER_NAMES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "wmt14": "WMT14", "commongen": "CommonGen",
+               "digits": "digits", "concepts": "concepts"}
+
+
+def seeds_line(df: pd.DataFrame, ctx: Context, arms: str = "arm") -> str:
+    """"Preset …, n = … seeds per …": what every table below is a mean or a paired difference over."""
+    n = df.groupby([c for c in ("dataset", "variant", "flavor", "setting") if c in df])["seed"].nunique()
+    ns = sorted(set(int(v) for v in n)) if len(n) else [0]
+    tasks = ", ".join(f"{ds} ({'stand-in for ' + ANALOG_OF.get(ds) if ds in ANALOG_OF else 'the paper task'})"
+                      for ds in sorted(set(df["dataset"])))
+    return (f"Preset `{ctx.preset_name}`; n = {'–'.join(map(str, ns))} seed{'s' if ns != [1] else ''} per {arms} in "
+            f"every table below (means over seeds; intervals are 95 % Student-t for n ≥ 5, bootstrap below); "
+            f"datasets: {tasks}.")
+
+
+ANALOG_OF = {"digits": "CIFAR-10/100", "concepts": "WMT14 and CommonGen"}
+
+
+def paired_section(df: pd.DataFrame, metrics: dict[str, str], reference: dict, ref_name: str,
+                   arm_cols: tuple[str, ...] = ("variant", "flavor"), columns: tuple[str, ...] = ("dataset", "metric")
+                   ) -> tuple[list[str], pd.DataFrame]:
+    """(markdown lines, long deltas): every arm's seed-paired change vs the reference in % of the reference, with
+    95 % intervals and n, for ``metrics`` {metric: "lower"|"higher"}."""
+    from ..claims.paired import delta_frame, delta_table
+
+    sub = df[df["metric"].isin(list(metrics)) & (df["status"] == "ok")]
+    deltas = delta_frame(sub, list(columns), reference, arm_cols)
+    if deltas.empty:
+        return [], deltas
+    return [f"## Seed-paired change vs {ref_name} (% of {ref_name}; mean [95 % interval] (n seeds); ↓/↑: better "
+            "direction)", "", report.markdown_table(delta_table(deltas, list(columns), metrics))], deltas
+
+
+def params_section(df: pd.DataFrame, arm_cols: tuple[str, ...] = ("variant", "flavor")) -> list[str]:
+    """Total and attention parameters and training GFLOPs (analytic) of every arm, per dataset."""
+    cols = [c for c in ("params", "attention_params", "train_gflops") if c in df]
+    if "params" not in cols:
+        return []
+    per = df.dropna(subset=["params"]).groupby([*arm_cols, "dataset"])[cols].mean().reset_index()
+    for c in ("params", "attention_params"):
+        if c in per:
+            per[c] = per[c].map("{:,.0f}".format)
+    if "train_gflops" in per:
+        per["train_gflops"] = per["train_gflops"].map("{:.3g}".format)
+    per = per.rename(columns={"params": "params (total)", "attention_params": "params (attention)",
+                              "train_gflops": "training GFLOP (analytic, 3 × forward × steps)"})
+    return ["## Parameters and training compute per arm", "", report.markdown_table(per)]

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .. import plots, report
-from ..claims import CLAIMS, decide, verdict_lines, verdict_markdown
-from ..claims.data import StoreRows
+from ..claims import frame_verdicts, verdict_lines, verdict_markdown
 from ..claims.stats import t_interval
 from ..io import atomic_write_csv
 from ..results import ResultStore
@@ -108,13 +107,6 @@ def calibration(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---- report -------------------------------------------------------------------------------------------------
-def store_verdicts(store: ResultStore, df: pd.DataFrame, preset: str):
-    """The verdicts of this experiment's claims from this context's rows."""
-    runs = sorted(set(df["run_id"])) if "run_id" in df else []
-    rows = StoreRows(df, store.path, store.context_id, runs, [])
-    return decide({(NAME, preset): rows}, tuple(c for c in CLAIMS if c.experiment == NAME))
-
-
 def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> dict:
     """Tables and figures of every cell of this context (the whole store for it, whoever ran which cells)."""
     df = store.frame()
@@ -124,7 +116,7 @@ def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> dict:
     df["label"] = df["variant"] + "/" + df["flavor"]
     preset = str(env.get("preset") or tag.split("/")[0])
     gains = paired_gains(df)
-    verdicts = store_verdicts(store, df, preset)
+    verdicts = frame_verdicts(NAME, preset, df, store.path, store.context_id)
     summary = summarize(gains, ["task", "setting", "variant", "flavor", "unit"], "gain") if not gains.empty else gains
     atomic_write_csv(summary, out / f"{NAME}_gains.csv")
     comp = paper_comparison(gains)
