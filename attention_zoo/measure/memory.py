@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from ..workers import die_with_parent
+from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
 from .status import guarded, short_message
 from .workload import build_workload, workload_spec
@@ -159,7 +159,8 @@ def _child_cmd(entry: str, *args: str) -> list[str]:
 
 def _run_subprocess(item: dict, timeout: float | None) -> dict:
     try:
-        proc = subprocess.run(_child_cmd("main", json.dumps(item)), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(_child_cmd("main", json.dumps(item)), capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=child_preexec())  # a killed harness leaves no measurement running
     except subprocess.TimeoutExpired:
         return _killed(None, True)
     lines = proc.stdout.strip().splitlines()
@@ -218,7 +219,7 @@ class ForkServers:
         self.servers = [s for s in self.servers if s.poll() is None]
         while len(self.servers) < n:
             self.servers.append(subprocess.Popen(_child_cmd("serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 text=True, start_new_session=True))
+                                                 text=True, start_new_session=True, preexec_fn=child_preexec()))
 
     def run(self, items: list[dict]) -> list[dict]:
         results: list[dict | None] = [None] * len(items)
