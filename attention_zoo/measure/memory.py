@@ -35,7 +35,7 @@ import torch
 
 from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
-from .status import guarded, short_message
+from .status import check_finite, guarded, short_message
 from .workload import build_workload, workload_spec
 
 MIB = 2**20
@@ -75,12 +75,14 @@ class _Step:
                 self.opt.step()
         self.wl.zero_grad()
 
-    def __call__(self) -> None:
+    def __call__(self):
+        """The step; returns its output (forward) or loss, for ``check_finite`` after the peak is read."""
         if self.mode == "train" and self.opt is None:
             self.opt = torch.optim.AdamW(self.params, lr=1e-4)  # inside the region: state counted
-        self.fn()
+        out = self.fn()
         if self.mode == "train":
             self.opt.step()
+        return out
 
 
 def _measure_cuda(item: dict, device: torch.device) -> dict:
@@ -92,12 +94,13 @@ def _measure_cuda(item: dict, device: torch.device) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     base, base_res = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-    step()
+    result = step()
     torch.cuda.synchronize(device)
+    check_finite(result)  # a NaN/inf step is a ``nan`` row (guarded), not a memory number
     out = {"peak_alloc_mib": (torch.cuda.max_memory_allocated(device) - base) / MIB,
            "peak_reserved_mib": (torch.cuda.max_memory_reserved(device) - base_res) / MIB,
            "baseline_alloc_mib": base / MIB}
-    del step, wl
+    del step, wl, result
     return out
 
 
@@ -133,8 +136,9 @@ def _measure_cpu_here(item: dict) -> dict:
     base = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-    step()
+    result = step()
     hwm = _status_kib("VmHWM")
+    check_finite(result)
     return {"peak_rss_mib": (hwm - base) / 1024, "baseline_rss_mib": base / 1024, "threads": torch.get_num_threads()}
 
 
