@@ -32,6 +32,7 @@ from .measure.status import failure_status, free_memory, short_message
 from .measure.workload import build_workload, workload_spec
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
+from .results import ensure_out_file
 
 BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
@@ -268,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for arg, path in (("results-file", args.results_file), ("plot", args.plot)):  # before any work
+        if path is not None:
+            ensure_out_file(path, arg, figure=arg == "plot")
     setup_threads(args.threads)
     shapes = [(b, t, d, h) for b in args.batch for t in args.seq_len for d in args.d_model for h in args.heads]
     flavors = ("paper", "damcha_repo") if args.flavor == "both" else (args.flavor,)

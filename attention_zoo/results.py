@@ -47,22 +47,49 @@ def cell_id(cell: dict, context: dict | None = None) -> str:
     return digest({"cell": cell, "context": context or {}})
 
 
-def ensure_out_dir(out: str | os.PathLike) -> Path:
+def ensure_out_dir(out: str | os.PathLike, arg: str = "out") -> Path:
     """``out`` as a writable directory (created if missing), checked before any computation.
 
     Raises:
-        ValueError: ``out`` exists and is not a directory, cannot be created, or is not writable.
+        ValueError: ``out`` exists and is not a directory, cannot be created, or is not writable (the message
+            starts with ``arg``).
     """
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"out: {str(path)!r} exists and is not a directory")
+        raise ValueError(f"{arg}: {str(path)!r} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / f".write-test-{os.getpid()}", "w") as f:
             f.write("")
         os.unlink(path / f".write-test-{os.getpid()}")
     except OSError as e:
-        raise ValueError(f"out: {str(path)!r} is not a writable directory ({e.strerror or e})") from None
+        raise ValueError(f"{arg}: {str(path)!r} is not a writable directory ({e.strerror or e})") from None
+    return path
+
+
+def ensure_out_file(path: str | os.PathLike, arg: str, *, figure: bool = False) -> Path:
+    """An output file that can be written (its directory created if missing), checked before any computation, as
+    ``ensure_out_dir`` checks ``--out``. ``figure``: its suffix must also be an image format matplotlib writes.
+
+    Raises:
+        ValueError: ``path`` is a directory, its directory cannot be created or written, or (``figure``) its
+            suffix is not a format matplotlib can save (the message starts with ``arg``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{arg}: {str(path)!r} is a directory, expected a file name")
+    try:
+        ensure_out_dir(path.parent, arg)
+    except ValueError as exc:
+        raise ValueError(f"{arg}: cannot write {str(path)!r}: {str(exc).split(': ', 1)[1]}") from None
+    if figure:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        fmt = path.suffix.lstrip(".").lower() or "png"  # no suffix: atomic_savefig writes PNG
+        if fmt not in formats:
+            raise ValueError(f"{arg}: {str(path)!r} has no image suffix matplotlib writes (expected one of "
+                             f"{', '.join('.' + f for f in sorted(formats))})")
     return path
 
 
@@ -255,4 +282,4 @@ class ResultStore:
         return {**env, "run_id": self.run_id, "context": self.context, "runs": self.runs(df)}
 
 
-__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir"]
+__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir", "ensure_out_file"]

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..envinfo import environment_record, resolve_device, set_seed
 from ..io import atomic_write_json
 from ..report import write_tables
+from ..results import ensure_out_dir
 from .common import base_parser, cli_main, open_store, positive_int, seed_int, setup_threads
 from .generation import PRESETS, DataOptions, build_model, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
@@ -56,6 +57,7 @@ def _train_with_snapshots(model, data, s: dict, snap_steps: list[int], device, p
 
 
 def run(args) -> dict:
+    ensure_out_dir(args.out)  # before the data is loaded
     setup_threads(args.threads)
     device = resolve_device(args.device)
     s = dict(SETTINGS[args.preset])

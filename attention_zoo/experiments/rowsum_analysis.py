@@ -30,7 +30,7 @@ from ..measure import build_workload, count_params, guarded, measure_memory, mea
 from ..models import Decoder
 from ..registry import create_attention
 from ..report import line_plot, markdown_table, write_tables
-from ..results import ResultStore
+from ..results import ResultStore, ensure_out_dir
 from ..variants.damcha import metric_generator, set_block_scales
 from ..variants.damcha_generator import adam_param_groups
 from .common import base_parser, cli_main, open_store, setup_threads
@@ -198,6 +198,7 @@ def costs(p: dict, device: torch.device) -> list[dict]:
 
 
 def run(args) -> dict:
+    ensure_out_dir(args.out)  # before the corpus is loaded
     setup_threads(args.threads)
     device = resolve_device(args.device)
     p = dict(PRESETS[args.preset])

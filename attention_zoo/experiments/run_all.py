@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
+from ..results import ensure_out_dir
 from ..workers import child_preexec
 from .common import HelpFormatter, cli_main, positive_int
 from .results_index import RUN_RECORD, build_index
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(SCRIPTS))
     if unknown:
         raise ValueError(f"only: unknown {', '.join(unknown)}; available: {', '.join(SCRIPTS)}")
-    results = args.results
-    results.mkdir(parents=True, exist_ok=True)
+    results = ensure_out_dir(args.results, "results")  # before any script runs
     record_path = results / RUN_RECORD
     record = _load_record(record_path)
     todo = [s for s in SCRIPTS if s in chosen and not args.index_only]

@@ -71,7 +71,7 @@ from ..io import read_jsonl
 from ..measure.params import count_params
 from ..models import VisionTransformer
 from ..registry import is_attention, split_options
-from ..results import ResultStore, cell_id
+from ..results import ResultStore, cell_id, ensure_out_dir
 from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
 
 NAME = "table6_vit"
@@ -416,6 +416,8 @@ def run(args) -> int:
 
 
 def _run(args, info: DistInfo) -> int:
+    if info.is_main:
+        ensure_out_dir(args.out)  # before the data is loaded (or downloaded)
     preset = PRESETS[args.preset]
     names = select_variants(args.variants) if args.variants else [v for v in DEFAULT_VARIANTS if is_attention(v)]
     pairs = variant_flavours(names, args.flavour)

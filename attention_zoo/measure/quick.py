@@ -30,6 +30,7 @@ from ..envinfo import device_name, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
+from ..results import ensure_out_file
 from .flops import analytic_flops
 from .latency import LOAD_KEYS, measure_interleaved, measure_latency, step_fn
 from .memory import measure_memory_many, memory_item
@@ -255,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="optional PNG: fwd+bwd time per case (q25-q75 error bars)")
     add_include_argument(p)
     args = p.parse_args(argv)
+    for arg, path in (("csv", args.csv), ("md", args.md), ("plot", args.plot)):  # before any work
+        if path is not None:
+            ensure_out_file(path, arg, figure=arg == "plot")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)
     device = resolve_device(args.device)
