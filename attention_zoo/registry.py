@@ -65,11 +65,21 @@ _REGISTRY: dict[str, AttentionSpec] = {}
 
 
 def register_attention(name: str):
-    """Class decorator: ``@register_attention("mha")``. Rejects duplicate names."""
+    """Class decorator: ``@register_attention("mha")``. Rejects duplicate names and classes that are not
+    ``AttentionBase`` subclasses (their forward would not validate inputs or resolve masks as the contract says).
+
+    Raises:
+        ValueError: a bad or already registered ``name``, or ``cls`` not an ``AttentionBase`` subclass.
+    """
 
     def deco(cls):
+        from .variants.base import AttentionBase  # here: variants import this module to register themselves
+
         if not isinstance(name, str) or not name or name != name.lower():
             raise ValueError(f"name: expected a non-empty lower-case string, got {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, AttentionBase)):
+            raise ValueError(f"cls: {name!r} must be a subclass of attention_zoo.AttentionBase, got "
+                             f"{getattr(cls, '__qualname__', cls)!r}")
         if name in _REGISTRY:
             raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
         caps = {flag: bool(getattr(cls, flag, False)) for flag in CAPABILITY_FLAGS}

@@ -9,9 +9,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..checks import MissingInputError
 
-class DatasetNotFoundError(FileNotFoundError):
-    """Data that is neither on disk nor allowed to be downloaded; the message says how to get it."""
+
+class DatasetNotFoundError(MissingInputError):
+    """Data that is neither on disk nor allowed to be downloaded; the message says how to get it (a CLI prints it
+    as one ``error:`` line)."""
 
 
 class DatasetError(RuntimeError):

