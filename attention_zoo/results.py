@@ -256,15 +256,19 @@ class ResultStore:
         return self._cells.get(self.key(cell))
 
     def records(self, cells: list[dict] | None = None, every_context: bool = False) -> list[dict]:
-        """This context's cell records (one per cell id, newest), restricted to ``cells`` when given;
+        """This context's cell records (one per cell id, newest), restricted to ``cells`` when given; without
+        ``cells``, every cell of the context in the file as it is now (re-read: other runs on this ``--out`` may
+        have added cells since this one opened it), which is what reports are built from.
         ``every_context``: the records of every run, for readers of another script's results."""
         if cells is not None:
             return [r for r in (self._cells.get(self.key(c)) for c in cells) if r is not None]
+        self.refresh()
         return [r for r in self._cells.values() if every_context or r["context_id"] == self.context_id]
 
     def frame(self, cells: list[dict] | None = None, every_context: bool = False) -> pd.DataFrame:
-        """Long format: one row per recorded row of this context's cells (see ``records``), the cell's fields as
-        columns (row fields win) and ``run_id`` naming the run that measured it."""
+        """Long format: one row per recorded row of this context's cells (see ``records``: a report passes no
+        ``cells``, so it shows the whole store of its context), the cell's fields as columns (row fields win) and
+        ``run_id`` naming the run that measured it."""
         flat = [{**rec["cell"], **row, "run_id": rec["run_id"]} for rec in self.records(cells, every_context)
                 for row in rec["rows"]]
         df = pd.DataFrame(flat)

@@ -77,9 +77,9 @@ class AttentionRow:
         return {"flavor": self.flavor, **self.options}
 
     def cell_fields(self) -> dict:
-        """The row's part of a result cell: label, flavour and the resolved options (JSON)."""
+        """The row's part of a result cell: label, registered name, flavour and the resolved options (JSON)."""
         opts = resolved_options(self.name, self.module_options)
-        return {"variant": self.label, "flavour": self.flavor,
+        return {"variant": self.label, "attention": self.name, "flavour": self.flavor,
                 "attention_options": json.dumps(opts, sort_keys=True, default=str)}
 
 

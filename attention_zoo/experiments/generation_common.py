@@ -131,9 +131,10 @@ def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
                       train_overrides=result_identity(ctx.train_overrides))
 
 
-def frame_and_env(store: ResultStore, cells: list[dict], ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
-    """The long frame of this run's cells only, and the environment record naming every run behind it."""
-    df = store.frame(cells)
+def frame_and_env(store: ResultStore, ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
+    """The long frame of every cell of this context (also those other runs on this ``--out`` measured), and the
+    environment record naming every run behind it."""
+    df = store.frame()
     return df, store.environment(environment(ctx, clock), df)
 
 

@@ -161,10 +161,9 @@ def paper_comparison(df: pd.DataFrame, gains: pd.DataFrame) -> tuple[pd.DataFram
     return report.comparison_frame(entries), pd.DataFrame(statements)
 
 
-def write_report(out: Path, store: ResultStore, env: dict, tag: str, cells: list[dict] | None = None
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tables and figures of this context's cells (``cells``: only those; default: every cell of this context)."""
-    df = store.frame(cells)
+def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tables and figures of every cell of this context (sweeps of several runs accumulate)."""
+    df = store.frame()
     if df.empty:
         return pd.DataFrame(), pd.DataFrame()
     df = df[df["config"] == tag].copy()

@@ -383,7 +383,7 @@ def run(args) -> int:
         print(f"{len(cells)} cells, {len(cells) - len(store.pending(cells))} already measured here with these "
               f"settings; {notes(cfg, device, counters)[:160]}…")
     measure_cells(store, cells, measure, device, args.memory_workers, NAME, args.quiet)
-    df = store.frame(cells)
+    df = store.frame()  # every cell of this context, also those other runs on this --out measured
     wide = wide_frame(df)
     comp = paper_comparison(df, args.preset, device)
     marks = unstable_marks(df)
