@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import json
 from dataclasses import dataclass
 
 # Who reads each flag is listed in docs/design.md ("No branching on names").
@@ -198,6 +199,12 @@ def resolved_options(name: str, options: dict | None = None) -> dict:
     out = {k: params[k].default for k in spec.options if k in params and params[k].default is not empty}
     out.update({k: v for k, v in (options or {}).items() if v is not None})
     return dict(sorted(out.items()))
+
+
+def resolved_options_json(name: str, options: dict | None = None) -> str:
+    """``resolved_options`` as JSON text: a result cell's ``attention_options`` field, which keys the cell by every
+    option value its module gets, so a changed default is a different cell of that variant only."""
+    return json.dumps(resolved_options(name, options), sort_keys=True, default=str)
 
 
 def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0,

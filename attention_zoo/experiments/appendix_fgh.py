@@ -68,7 +68,7 @@ def run(args) -> dict:
     steps_per_epoch = math.ceil(data.n_train / s["batch"])
     snap_steps = list(s["snapshots"]) if s["steps"] else [e * steps_per_epoch for e in s["snapshots"]]
     env = environment_record(device, preset=args.preset)
-    store = open_store(args, "appendix_fgh", device, env, settings=s)
+    store = open_store(args, "appendix_fgh", device, env, variants=("damcha",), settings=s)
     val_batch = tuple(t.to(device) for t in next(iter(data.batches("val", 16)())))
     paths = {}
     for label, (opts, share) in MODELS.items():

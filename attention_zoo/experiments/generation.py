@@ -46,7 +46,7 @@ from ..metrics import images as mi
 from ..metrics import text as mt
 from ..metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
 from ..models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
-from ..registry import split_options
+from ..registry import resolved_options_json, split_options
 from ..results import cell_id
 
 IMAGE_SETS, TEXT_SETS = ("digits", "cifar10", "cifar100"), ("concepts", "wmt14", "commongen")
@@ -250,6 +250,7 @@ class Context:
         conf = {"model": model, "train": train, "data": asdict(self.data)}  # run control is not part of a cell
         return {"experiment": self.name, "preset": self.preset_name, "dataset": dataset, "task": data.task,
                 "variant": variant, "flavor": flavor, "setting": setting, "seed": seed,
+                "attention_options": resolved_options_json(variant, {"flavor": flavor}),
                 "steps": conf["train"]["max_steps"], "eval_samples": len(data.eval_set),
                 "extractor": self.extractor if data.kind == "image" else None,
                 "config": hashlib.sha1(json.dumps(conf, sort_keys=True, default=str).encode()).hexdigest()[:10]}

@@ -207,7 +207,7 @@ def run(args) -> dict:
     sampler = WindowSampler(corpus.train, p["context"], p["batch"], seed=0)
     val = [WindowSampler([corpus.val["shakespeare"]], p["context"], p["batch"], seed=1)(i) for i in range(4)]
     store = open_store(args, "rowsum_analysis", device, environment_record(device, preset=args.preset),
-                       selection=("sections",), settings=p)
+                       selection=("sections",), variants=("damcha", "mha"), settings=p)
     sections = {"gradient_identity": lambda: gradient_identity(p, sampler),
                 "equivalence": lambda: equivalence(p, corpus),
                 "diag_vs_full": lambda: diag_vs_full(p, sampler, val, not args.quiet),

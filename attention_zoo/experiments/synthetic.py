@@ -43,7 +43,7 @@ from ..envinfo import environment_record, resolve_device, set_seed
 from ..measure.params import count_params
 from ..measure.status import free_memory, is_oom, short_message
 from ..models import AttentionStack, StackConfig
-from ..registry import split_options
+from ..registry import resolved_options_json, split_options
 from ..results import ResultStore
 from ..workers import die_with_parent
 from .common import (
@@ -214,7 +214,8 @@ def build_cells(args, preset: Preset, preset_name: str) -> list[dict]:
     settings = {"regression": [{"lam": float(lam), "d_e": preset.reg_d_e} for lam in lambdas],
                 "classification": [{"lam": None, "d_e": int(d)} for d in des]}
     tag = config_tag(preset_name, preset)
-    return [{"experiment": NAME, "config": tag, "task": task, **s, "seed": seed, "variant": v, "flavor": f}
+    return [{"experiment": NAME, "config": tag, "task": task, **s, "seed": seed, "variant": v, "flavor": f,
+             "attention_options": resolved_options_json(v, {"flavor": f})}
             for task in tasks for s in settings[task] for seed in args.seeds for v, f in pairs]
 
 
@@ -313,8 +314,8 @@ def run(args) -> int:
     out, tag = Path(args.out), config_tag(args.preset, preset)
     env = environment_record(device, preset=args.preset, config=tag, workers=workers, threads_per_worker=threads,
                              preset_config=asdict(preset))
-    store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task"), workers=workers,
-                       preset=asdict(preset))
+    # --workers only spreads cells over processes (each runs one cell with `threads` threads, in the fingerprint)
+    store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "workers"), preset=asdict(preset))
     n_todo = len(store.pending(cells))
     try:
         errors = run_cells(cells, store, preset, device, workers, threads, args.quiet)

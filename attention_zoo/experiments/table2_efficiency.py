@@ -39,7 +39,15 @@ from ..measure import (
 )
 from ..report import UNSTABLE_MARK, barh_plot, comparison_frame, format_comparison, mark_values, write_tables
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
+from .efficiency import (
+    RUN_CONTROL,
+    Timing,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
+)
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -365,7 +373,7 @@ def run(args) -> int:
     rows = attention_rows(args)
     env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
                              model=cfg["model"], counters=list(counters))
-    store = open_store(args, NAME, device, env, selection=("settings", "extra"), **cfg)
+    store = open_store(args, NAME, device, env, selection=("settings", "extra", *RUN_CONTROL), **cfg)
     cells, plan_of = [], {}
     for s in settings:
         for row in rows:

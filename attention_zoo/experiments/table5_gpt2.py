@@ -56,7 +56,7 @@ from ..io import read_jsonl
 from ..measure.params import count_params
 from ..measure.status import free_memory, is_oom, short_message
 from ..models import Decoder
-from ..registry import is_attention, split_options
+from ..registry import is_attention, resolved_options_json, split_options
 from ..results import ResultStore, cell_id
 from .common import (
     base_parser,
@@ -371,7 +371,8 @@ def _run(args, info: DistInfo) -> int:
         for (variant, flavor) in pairs:
             for seed in args.seeds:
                 key = {"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
-                       "seed": seed, "max_steps": cfg.max_steps, "eval_batches": final_batches}
+                       "attention_options": resolved_options_json(variant, {"flavor": flavor}), "seed": seed,
+                       "max_steps": cfg.max_steps, "eval_batches": final_batches}
                 done = broadcast_object(store.is_done(key) if store else None, info)
                 if done:
                     continue

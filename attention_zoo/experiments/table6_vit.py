@@ -70,7 +70,7 @@ from ..envinfo import environment_record, set_seed
 from ..io import read_jsonl
 from ..measure.params import count_params
 from ..models import VisionTransformer
-from ..registry import is_attention, split_options
+from ..registry import is_attention, resolved_options_json, split_options
 from ..results import ResultStore, cell_id, ensure_out_dir
 from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
 
@@ -439,7 +439,8 @@ def _run(args, info: DistInfo) -> int:
                 key = {"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
                        "flavor": flavor, "epochs": epochs, "seed": seed, "max_steps": cfg.max_steps,
                        "batch_size": batch, "steps_per_epoch": spe, "eval_batches": args.eval_batches,
-                       "attn_options": json.dumps(attn_options, sort_keys=True, default=str)}
+                       "attn_options": json.dumps(attn_options, sort_keys=True, default=str),
+                       "attention_options": resolved_options_json(variant, {"flavor": flavor})}
                 if broadcast_object(store.is_done(key) if store else None, info):
                     if not args.quiet and info.is_main:
                         print(f"{NAME}: {variant}/{flavor} e{epochs} s{seed} already done, skipped")

@@ -34,7 +34,15 @@ from ..measure import (
 from ..registry import get_attention_spec, is_attention
 from ..report import line_plot, markdown_table, write_tables
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
+from .efficiency import (
+    RUN_CONTROL,
+    Timing,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
+)
 
 NAME = "table7_complexity"
 @dataclass(frozen=True)
@@ -260,7 +268,10 @@ def run(args) -> int:
     points = [(T, preset.d_model) for T in preset.seq_lens]
     points += [(preset.seq_len, D) for D in preset.d_models if (preset.seq_len, D) not in points]
     env = environment_record(device, preset=args.preset, sweep=sweep)
-    store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra"), sweep=sweep)
+    # the T and D lists only pick cells (each cell has its own seq_len and d_model): runs with other lists share cells
+    grid = {k: v for k, v in sweep.items() if k not in ("seq_lens", "d_models")}
+    store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra", *RUN_CONTROL),
+                       sweep=grid)
     cells, row_of = [], {}
     for row in attention_rows(args):
         row_of[row.label] = row
