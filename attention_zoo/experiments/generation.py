@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..data import image_tasks as dt
 from ..data import images as di
 from ..data import seq2seq as s2s
-from ..engine import TrainConfig, lm_loss, load_checkpoint, train
+from ..engine import TrainConfig, discard_run, lm_loss, load_checkpoint, train
 from ..engine.checkpoint import strip_prefixes
 from ..engine.distributed import DistInfo
 from ..envinfo import set_seed
@@ -229,6 +229,7 @@ class Context:
     quiet: bool
     keep_checkpoints: bool
     bart_path: str | None
+    fresh: bool = False  # --fresh: every cell trains from scratch, never from a kept checkpoint
 
     @property
     def preset(self) -> Preset:
@@ -276,8 +277,11 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     model = build_model(data, cell["variant"], cell["flavor"], ctx.preset, options, share_mlp)
     cfg = ctx.train_config(data).replace(seed=cell["seed"], progress=not ctx.quiet)
     run_dir = ctx.run_dir(cell)
+    if ctx.fresh:
+        discard_run(run_dir)
     res = train(model, cfg, data.sampler(cfg.batch_size, cell["seed"]), run_dir,
-                eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn, resume="auto",
+                eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn,
+                resume=None if ctx.fresh else "auto",
                 info=DistInfo(device=ctx.device), meta={"cell": cell}, desc=cell_name(cell))
     best = run_dir / "checkpoints" / "best.pt"
     if res.status == "ok" and best.is_file():

@@ -88,7 +88,7 @@ def make_context(args, name: str) -> Context:
                        args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval)
     train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
     return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
-                   args.quiet, args.keep_checkpoints, args.bart_path)
+                   args.quiet, args.keep_checkpoints, args.bart_path, args.fresh)
 
 
 def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None = None,
