@@ -49,9 +49,9 @@ def _shape(s) -> tuple[int, int, int, int]:
         B, T, D, H = s
     except (TypeError, ValueError):
         raise ValueError(f"shapes: expected (batch, seq_len, d_model, n_heads) tuples, got {s!r}") from None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in s):  # 1.5 is not truncated
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (B, T, D, H)):  # 1.5: no int()
         raise ValueError(f"shapes: expected int sizes (batch, seq_len, d_model, n_heads), got {s!r}")
-    B, T, D, H = (int(v) for v in s)
+    B, T, D, H = (int(v) for v in (B, T, D, H))  # numpy ints as Python ints
     if min(B, T, D, H) < 1 or D % H:
         raise ValueError(f"shapes: expected positive sizes with d_model % n_heads == 0, got {s!r}")
     return B, T, D, H

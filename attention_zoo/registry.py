@@ -78,11 +78,11 @@ def register_attention(name: str):
 
         if not isinstance(name, str) or not name or name != name.lower():
             raise ValueError(f"name: expected a non-empty lower-case string, got {name!r}")
+        if name in _REGISTRY:
+            raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
         if not (isinstance(cls, type) and issubclass(cls, AttentionBase)):
             raise ValueError(f"cls: {name!r} must be a subclass of attention_zoo.AttentionBase, got "
                              f"{getattr(cls, '__qualname__', cls)!r}")
-        if name in _REGISTRY:
-            raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
         caps = {flag: bool(getattr(cls, flag, False)) for flag in CAPABILITY_FLAGS}
         doc = (inspect.getdoc(cls) or "").split("\n")[0]
         flavors = tuple(getattr(cls, "flavors", ("paper",)))

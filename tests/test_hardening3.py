@@ -23,7 +23,7 @@ from attention_zoo import _tvhook, bench, plugins, registry
 from attention_zoo.data.fetch import DatasetError, download
 from attention_zoo.experiments import run_all, synthetic, table5_gpt2, table6_vit, table7_complexity
 from attention_zoo.io import atomic_write_csv, atomic_write_text, read_jsonl
-from attention_zoo.measure import guarded, measure_latency, quick
+from attention_zoo.measure import guarded, measure_latency, memory_item, quick, workload_spec
 from attention_zoo.metrics import images as mi
 from attention_zoo.results import ResultStore
 
@@ -97,6 +97,13 @@ def test_benchmark_rejects_bad_arguments_before_any_work(kwargs, arg):
     call = {**FAST, "shapes": [(1, 8, 32, 4)], **kwargs}
     with pytest.raises(ValueError, match=f"^{arg}:"):
         zoo.benchmark("mha", call.pop("shapes"), **call)
+
+
+@pytest.mark.parametrize("kwargs,arg", [({"optimizer_in_region": "no"}, "optimizer_in_region"),
+                                        ({"warmup": 1.5}, "warmup"), ({"threads": 0}, "threads")])
+def test_memory_requests_reject_what_would_be_coerced(kwargs, arg):
+    with pytest.raises(ValueError, match=f"^{arg}:"):
+        memory_item(workload_spec(batch=1, seq_len=4, d_model=8, n_heads=2), "train", **kwargs)
 
 
 # ---- clear errors instead of tracebacks -----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from ..checks import check_positive_int
 from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
 from .status import check_finite, guarded, short_message
@@ -45,11 +46,21 @@ _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 def memory_item(workload: dict, mode: str = "train", optimizer_in_region: bool = True, warmup: int = 1,
                 threads: int | None = None) -> dict:
-    """One measurement request (JSON-able): a workload spec plus the mode and its settings."""
+    """One measurement request (JSON-able): a workload spec plus the mode and its settings.
+
+    Raises:
+        ValueError: a bad spec or mode, ``optimizer_in_region`` not a bool ("no" is not False), ``warmup`` not an
+            int >= 0 or ``threads`` neither None nor an int >= 1.
+    """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    return {"workload": workload_spec(**workload), "mode": mode, "optimizer_in_region": bool(optimizer_in_region),
-            "warmup": int(warmup), "threads": threads}
+    if not isinstance(optimizer_in_region, bool):
+        raise ValueError(f"optimizer_in_region: expected a bool, got {optimizer_in_region!r}")
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if threads is not None:
+        check_positive_int("threads", threads)
+    return {"workload": workload_spec(**workload), "mode": mode, "optimizer_in_region": optimizer_in_region,
+            "warmup": warmup, "threads": threads}
 
 
 class _Step:
