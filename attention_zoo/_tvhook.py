@@ -18,14 +18,19 @@ import os
 import sys
 
 PTH_NAME = "attention_zoo_tvshim.pth"
-# Runs at interpreter start (site.py executes .pth lines that begin with "import"): find this file without
-# importing the package, load it, install the finder; never fail the interpreter.
-PTH_LINE = (
-    "import sys; exec(\"try:\\n import importlib.util as u, os\\n s = u.find_spec('attention_zoo')\\n"
-    " p = s and s.submodule_search_locations and os.path.join(list(s.submodule_search_locations)[0], '_tvhook.py')\\n"
-    " if p and os.path.isfile(p):\\n  sp = u.spec_from_file_location('attention_zoo._tvhook', p)\\n"
-    "  m = u.module_from_spec(sp); sp.loader.exec_module(m); m.install()\\nexcept Exception:\\n pass\\n\")\n"
-)
+# Runs at interpreter start (site.py executes .pth lines that begin with "import"): load this very file, by the
+# absolute path written at install time, and install the finder; never fail the interpreter. The path is fixed at
+# install time rather than looked up at start-up, because a look-up through sys.path would find, and execute, an
+# ``./attention_zoo/_tvhook.py`` of the current directory whenever sys.path holds '' or '.'. Once the package is
+# uninstalled or moved, the file is gone and the line does nothing.
+_HOOK = ("try:\n import importlib.util as u, os\n p = {path!r}\n if os.path.isfile(p):\n"
+         "  sp = u.spec_from_file_location('attention_zoo._tvhook', p)\n"
+         "  m = u.module_from_spec(sp); sp.loader.exec_module(m); m.install()\nexcept Exception:\n pass\n")
+
+
+def pth_line() -> str:
+    """The ``.pth`` line that loads this file by its absolute, link-free path."""
+    return f"import sys; exec({_HOOK.format(path=os.path.realpath(__file__))!r})\n"
 
 
 class TorchvisionShimFinder:
@@ -88,10 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     target = os.path.join(args.site_dir or _site_dir(), PTH_NAME)
     if args.install:
-        tmp = target + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(PTH_LINE)
-        os.replace(tmp, target)
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix=f".{PTH_NAME}.", dir=os.path.dirname(target))  # never a planted link
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(pth_line())
+            os.chmod(tmp, 0o644)  # site-packages files are world-readable
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         print(f"wrote {target}")
     elif os.path.exists(target):
         os.remove(target)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -25,12 +26,13 @@ from .cli import HelpFormatter, cli_main, non_negative_int, positive_float, posi
 from .envinfo import device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_savefig, atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
-from .measure.latency import LOAD_KEYS, measure_interleaved, step_fn
+from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
 from .measure.memory import measure_memory_many, memory_item
-from .measure.status import free_memory, is_oom, short_message
+from .measure.status import failure_status, free_memory, short_message
 from .measure.workload import build_workload, workload_spec
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
+from .results import ensure_out_file
 
 BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
@@ -44,9 +46,12 @@ COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causa
 
 def _shape(s) -> tuple[int, int, int, int]:
     try:
-        B, T, D, H = (int(v) for v in s)
+        B, T, D, H = s
     except (TypeError, ValueError):
         raise ValueError(f"shapes: expected (batch, seq_len, d_model, n_heads) tuples, got {s!r}") from None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (B, T, D, H)):  # 1.5: no int()
+        raise ValueError(f"shapes: expected int sizes (batch, seq_len, d_model, n_heads), got {s!r}")
+    B, T, D, H = (int(v) for v in (B, T, D, H))  # numpy ints as Python ints
     if min(B, T, D, H) < 1 or D % H:
         raise ValueError(f"shapes: expected positive sizes with d_model % n_heads == 0, got {s!r}")
     return B, T, D, H
@@ -64,9 +69,11 @@ def _case_spec(name: str, flavor: str, shape, causal: bool, amp: str | None) -> 
 
 
 def _failure_row(base: dict, exc: BaseException) -> dict:
-    if not is_oom(exc):
+    """An ``oom`` or ``nan`` row; any other error is a bug and propagates."""
+    status = failure_status(exc)
+    if status is None:
         raise exc
-    return {**base, "status": "oom", "message": short_message(exc)}
+    return {**base, "status": status, "message": short_message(exc)}
 
 
 def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing: dict) -> list[dict]:
@@ -156,9 +163,18 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
     ``shapes``: (batch, seq_len, d_model, n_heads) tuples. ``dtype``: fp32, or bf16/fp16 under autocast.
     ``compile``: also time ``torch.compile``d modules (compile time in ``compile_s``, ratio in ``compiled_vs_eager``).
 
+    A case whose output (``fwd``) or loss (``fwd_bwd``) is NaN or infinite gives a ``nan`` row, an out-of-memory
+    one an ``oom`` row; neither has numbers.
+
     Raises:
-        ValueError: an unknown variant, flavour, mode or dtype, or a bad shape.
+        ValueError: an unknown variant, flavour, mode or dtype, a bad shape (non-int sizes included), a non-bool
+            ``compile``/``causal``/``memory``/``progress`` or a bad timing setting (``warmup`` < 0, ``repeats`` or
+            ``min_repeats`` < 1, ``min_time_s`` not finite and >= 0).
     """
+    for arg, value in (("compile", compile), ("causal", causal), ("memory", memory), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{arg}: expected a bool, got {value!r}")
+    check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats=min_repeats)
     names = select_attentions(variants if isinstance(variants, str) else ",".join(variants))
     if BASELINE not in names:
         names = [BASELINE, *names]
@@ -167,6 +183,8 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
         raise ValueError("shapes: expected at least one (batch, seq_len, d_model, n_heads) tuple")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    flavors = [flavors] if isinstance(flavors, str) else list(flavors)
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"modes: expected a non-empty subset of {', '.join(MODES)}, got {list(modes)!r}")
@@ -251,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for arg, path in (("results-file", args.results_file), ("plot", args.plot)):  # before any work
+        if path is not None:
+            ensure_out_file(path, arg, figure=arg == "plot")
     setup_threads(args.threads)
     shapes = [(b, t, d, h) for b in args.batch for t in args.seq_len for d in args.d_model for h in args.heads]
     flavors = ("paper", "damcha_repo") if args.flavor == "both" else (args.flavor,)

@@ -66,3 +66,8 @@ def check_real(name: str, value, minimum: float | None = None) -> float:
     if minimum is not None and value < minimum:
         raise _err(name, f"expected >= {minimum}, got {value!r}")
     return float(value)
+
+
+class MissingInputError(FileNotFoundError):
+    """Data, weights or another run's results that are not on disk (and may not be fetched): the message says how
+    to provide them. Every CLI reports it as one ``error:`` line with exit code 2, like a bad argument."""

@@ -9,6 +9,8 @@ import functools
 import math
 import sys
 
+from .checks import MissingInputError
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" only where the help text does not state its default already, so it shows once."""
@@ -68,14 +70,14 @@ def positive_float(raw: str) -> float:
 
 def cli_main(main):
     """Decorator for a script's ``main(argv)``: a ValueError (our bad-input errors, whose message names the
-    argument) becomes one line ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead
-    of a traceback."""
+    argument) or a MissingInputError (data or weights not on disk; the message says how to get them) becomes one
+    line ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead of a traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
         try:
             return main(argv)
-        except ValueError as exc:
+        except (ValueError, MissingInputError) as exc:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
 

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import torch
 
+from .workers import child_preexec
+
 
 def _git(*args: str) -> str:
     try:
         root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
+                              preexec_fn=child_preexec()).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 

@@ -8,13 +8,33 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    try:  # Linux >= 4.7: read it without changing it (os.umask would, for a moment, in every thread)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(fd: int) -> None:
+    """Give a ``mkstemp`` file (always 0600) the mode a new file gets from ``open()``: 0666 minus the umask."""
+    os.fchmod(fd, 0o666 & ~_umask())
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write to a temp file in the same directory, fsync, then os.replace onto ``path``."""
+    """Write to a temp file in the same directory, fsync, then os.replace onto ``path``. The file gets the mode a
+    new file gets from ``open()`` (0666 minus the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            apply_umask(f.fileno())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

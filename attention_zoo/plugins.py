@@ -33,7 +33,13 @@ def _module_name(path: Path) -> str:
     return f"attention_zoo_plugin_{zlib.crc32(str(path.resolve()).encode()):08x}_{path.stem}"
 
 
+def _failed(spec: str, exc: BaseException) -> ValueError:
+    return ValueError(f"include: {spec!r} failed to import ({type(exc).__name__}: {' '.join(str(exc).split())})")
+
+
 def _import(spec: str) -> None:
+    """Import a plugin; whatever it raises at import (a missing dependency, a bug, a duplicate registration, a
+    ``sys.exit``) becomes a ValueError naming it, never a traceback from inside the plugin. Ctrl-C still stops."""
     path = Path(spec)
     if spec.endswith(".py") or path.is_file():
         if not path.is_file():
@@ -46,9 +52,9 @@ def _import(spec: str) -> None:
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)
-        except (ImportError, SyntaxError) as exc:
+        except (Exception, SystemExit) as exc:
             del sys.modules[name]
-            raise ValueError(f"include: {spec!r} failed to import ({type(exc).__name__}: {exc})") from exc
+            raise _failed(spec, exc) from exc
         except BaseException:
             del sys.modules[name]
             raise
@@ -57,13 +63,15 @@ def _import(spec: str) -> None:
         importlib.import_module(spec)
     except ImportError as exc:
         raise ValueError(f"include: cannot import {spec!r} ({exc})") from exc
+    except (Exception, SystemExit) as exc:
+        raise _failed(spec, exc) from exc
 
 
 def load_plugins(specs: list[str] | tuple[str, ...]) -> None:
     """Import each plugin once (module path or ``.py`` file) and pass it on to child processes via the environment.
 
     Raises:
-        ValueError: a file that does not exist or a module that cannot be imported.
+        ValueError: a file that does not exist, or a module that cannot be found or raises anything at import.
     """
     for spec in specs:
         key = str(Path(spec).resolve()) if spec.endswith(".py") else spec

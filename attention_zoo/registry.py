@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import json
 from dataclasses import dataclass
 
 # Who reads each flag is listed in docs/design.md ("No branching on names").
@@ -68,15 +69,25 @@ _REGISTRY: dict[str, AttentionSpec] = {}
 
 
 def register_attention(name: str):
-    """Class decorator: ``@register_attention("mha")``. Rejects duplicate names."""
+    """Class decorator: ``@register_attention("mha")``. Rejects duplicate names and classes that are not
+    ``AttentionBase`` subclasses (their forward would not validate inputs or resolve masks as the contract says).
+
+    Raises:
+        ValueError: a bad or already registered ``name``, or ``cls`` not an ``AttentionBase`` subclass.
+    """
 
     def deco(cls):
+        from .variants.base import AttentionBase  # here: variants import this module to register themselves
+
         if not isinstance(name, str) or not name or name != name.lower():
             raise ValueError(f"name: expected a non-empty lower-case string, got {name!r}")
         if name in _REGISTRY:
             raise ValueError(f"name: attention {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})")
         if name == CONTROLS_TOKEN:
             raise ValueError(f"name: {name!r} is reserved (it selects every control arm)")
+        if not (isinstance(cls, type) and issubclass(cls, AttentionBase)):
+            raise ValueError(f"cls: {name!r} must be a subclass of attention_zoo.AttentionBase, got "
+                             f"{getattr(cls, '__qualname__', cls)!r}")
         caps = {flag: bool(getattr(cls, flag, False)) for flag in CAPABILITY_FLAGS}
         doc = (inspect.getdoc(cls) or "").split("\n")[0]
         flavors = tuple(getattr(cls, "flavors", ("paper",)))
@@ -209,6 +220,12 @@ def resolved_options(name: str, options: dict | None = None) -> dict:
     out = {k: params[k].default for k in spec.options if k in params and params[k].default is not empty}
     out.update({k: v for k, v in (options or {}).items() if v is not None})
     return dict(sorted(out.items()))
+
+
+def resolved_options_json(name: str, options: dict | None = None) -> str:
+    """``resolved_options`` as JSON text: a result cell's ``attention_options`` field, which keys the cell by every
+    option value its module gets, so a changed default is a different cell of that variant only."""
+    return json.dumps(resolved_options(name, options), sort_keys=True, default=str)
 
 
 def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0,

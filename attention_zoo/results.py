@@ -47,22 +47,49 @@ def cell_id(cell: dict, context: dict | None = None) -> str:
     return digest({"cell": cell, "context": context or {}})
 
 
-def ensure_out_dir(out: str | os.PathLike) -> Path:
+def ensure_out_dir(out: str | os.PathLike, arg: str = "out") -> Path:
     """``out`` as a writable directory (created if missing), checked before any computation.
 
     Raises:
-        ValueError: ``out`` exists and is not a directory, cannot be created, or is not writable.
+        ValueError: ``out`` exists and is not a directory, cannot be created, or is not writable (the message
+            starts with ``arg``).
     """
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"out: {str(path)!r} exists and is not a directory")
+        raise ValueError(f"{arg}: {str(path)!r} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / f".write-test-{os.getpid()}", "w") as f:
             f.write("")
         os.unlink(path / f".write-test-{os.getpid()}")
     except OSError as e:
-        raise ValueError(f"out: {str(path)!r} is not a writable directory ({e.strerror or e})") from None
+        raise ValueError(f"{arg}: {str(path)!r} is not a writable directory ({e.strerror or e})") from None
+    return path
+
+
+def ensure_out_file(path: str | os.PathLike, arg: str, *, figure: bool = False) -> Path:
+    """An output file that can be written (its directory created if missing), checked before any computation, as
+    ``ensure_out_dir`` checks ``--out``. ``figure``: its suffix must also be an image format matplotlib writes.
+
+    Raises:
+        ValueError: ``path`` is a directory, its directory cannot be created or written, or (``figure``) its
+            suffix is not a format matplotlib can save (the message starts with ``arg``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{arg}: {str(path)!r} is a directory, expected a file name")
+    try:
+        ensure_out_dir(path.parent, arg)
+    except ValueError as exc:
+        raise ValueError(f"{arg}: cannot write {str(path)!r}: {str(exc).split(': ', 1)[1]}") from None
+    if figure:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        fmt = path.suffix.lstrip(".").lower() or "png"  # no suffix: atomic_savefig writes PNG
+        if fmt not in formats:
+            raise ValueError(f"{arg}: {str(path)!r} has no image suffix matplotlib writes (expected one of "
+                             f"{', '.join('.' + f for f in sorted(formats))})")
     return path
 
 
@@ -229,15 +256,19 @@ class ResultStore:
         return self._cells.get(self.key(cell))
 
     def records(self, cells: list[dict] | None = None, every_context: bool = False) -> list[dict]:
-        """This context's cell records (one per cell id, newest), restricted to ``cells`` when given;
+        """This context's cell records (one per cell id, newest), restricted to ``cells`` when given; without
+        ``cells``, every cell of the context in the file as it is now (re-read: other runs on this ``--out`` may
+        have added cells since this one opened it), which is what reports are built from.
         ``every_context``: the records of every run, for readers of another script's results."""
         if cells is not None:
             return [r for r in (self._cells.get(self.key(c)) for c in cells) if r is not None]
+        self.refresh()
         return [r for r in self._cells.values() if every_context or r["context_id"] == self.context_id]
 
     def frame(self, cells: list[dict] | None = None, every_context: bool = False) -> pd.DataFrame:
-        """Long format: one row per recorded row of this context's cells (see ``records``), the cell's fields as
-        columns (row fields win) and ``run_id`` naming the run that measured it."""
+        """Long format: one row per recorded row of this context's cells (see ``records``: a report passes no
+        ``cells``, so it shows the whole store of its context), the cell's fields as columns (row fields win) and
+        ``run_id`` naming the run that measured it."""
         flat = [{**rec["cell"], **row, "run_id": rec["run_id"]} for rec in self.records(cells, every_context)
                 for row in rec["rows"]]
         df = pd.DataFrame(flat)
@@ -255,4 +286,4 @@ class ResultStore:
         return {**env, "run_id": self.run_id, "context": self.context, "runs": self.runs(df)}
 
 
-__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir"]
+__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir", "ensure_out_file"]

@@ -1,17 +1,22 @@
 """Getting data files safely: one pair of errors, file digests, and one downloader that keeps a file only when its
-checksum matches (temp file, fsync, atomic replace)."""
+checksum matches (an exclusively created temp file of an unpredictable name, fsync, atomic replace)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..checks import MissingInputError
+from ..io import apply_umask
 
-class DatasetNotFoundError(FileNotFoundError):
-    """Data that is neither on disk nor allowed to be downloaded; the message says how to get it."""
+
+class DatasetNotFoundError(MissingInputError):
+    """Data that is neither on disk nor allowed to be downloaded; the message says how to get it (a CLI prints it
+    as one ``error:`` line)."""
 
 
 class DatasetError(RuntimeError):
@@ -37,18 +42,22 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def download(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha256: str | None = None,
              timeout: float = 60.0) -> Path:
     """Stream ``url`` to ``dest`` through a temp file; it is kept (atomic replace) only if the given checksums
-    (MD5 and/or SHA-256) match.
+    (MD5 and/or SHA-256) match. The temp file is created exclusively under an unpredictable name beside ``dest``
+    (``mkstemp``: a planted file or symlink is never followed), so ``dest`` and whatever a link points to are
+    never touched by a failed or mismatching download.
 
     Raises:
-        DatasetError: the download failed or a checksum differs (nothing is left at ``dest``).
+        DatasetError: the download failed or a checksum differs (``dest`` is left as it was).
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part")
     expected = {name: want for name, want in (("md5", md5), ("sha256", sha256)) if want is not None}
     hashes = {name: hashlib.new(name) for name in expected}
+    tmp = None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as resp:
+            apply_umask(f.fileno())
             while block := resp.read(1 << 20):
                 for h in hashes.values():
                     h.update(block)
@@ -61,8 +70,10 @@ def download(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha25
                 raise DatasetError(f"download of {url}: {label} mismatch (expected {want}, got {got}); "
                                    "the file was discarded")
         os.replace(tmp, dest)
+        tmp = None
     except (urllib.error.URLError, OSError) as exc:
         raise DatasetError(f"download of {url} failed: {exc}") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return dest

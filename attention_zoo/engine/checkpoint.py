@@ -139,6 +139,13 @@ def prune_checkpoints(run_dir: str | Path) -> None:
         ckpts.rmdir()
 
 
+def discard_run(run_dir: str | Path) -> None:
+    """Before a cell is trained again from scratch (``--fresh``): delete its checkpoints (NaN debug ones stay, as
+    evidence) and its metrics log, so nothing of an earlier training is resumed, loaded as best or plotted."""
+    prune_checkpoints(run_dir)
+    (Path(run_dir) / "metrics.jsonl").unlink(missing_ok=True)
+
+
 def strip_prefixes(state_dict: dict) -> dict:
     """Drop the ``_orig_mod.`` (torch.compile) and ``module.`` (DDP) prefixes."""
     out = {}

@@ -19,10 +19,11 @@ from pathlib import Path
 import pandas as pd
 
 from .. import plots, report
+from ..checks import MissingInputError
 from ..envinfo import environment_record
 from ..io import atomic_savefig
 from ..metrics.topk import read_per_sample
-from ..results import ResultStore
+from ..results import ResultStore, ensure_out_dir
 from .common import base_parser, cli_main, select_variants, variant_flavours
 from .generation_common import flat_wide
 from .table1_generation import NAME as TABLE1
@@ -50,12 +51,12 @@ def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, see
     """Per-sample rows of Table 1's finished cells (the newest record per dataset/variant/flavour/seed).
 
     Raises:
-        FileNotFoundError: Table 1 has not been run into ``table1_dir`` (or not with this preset), or a per-sample
+        MissingInputError: Table 1 has not been run into ``table1_dir`` (or not with this preset), or a per-sample
             file it lists is missing.
     """
     path = Path(table1_dir) / f"{TABLE1}.jsonl"
     if not path.is_file():  # checked before opening the store, which would create the directory
-        raise FileNotFoundError(f"table1-dir: {path} does not exist; run `python reproduce/{TABLE1}.py "
+        raise MissingInputError(f"table1-dir: {path} does not exist; run `python reproduce/{TABLE1}.py "
                                 f"--preset {preset} --out {table1_dir}` first (App. E reads its per-sample scores)")
     store = ResultStore(table1_dir, TABLE1)
     latest = {}
@@ -72,11 +73,11 @@ def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, see
             continue
         for rel in sorted(files):
             if not (table1_dir / rel).is_file():
-                raise FileNotFoundError(f"table1-dir: {table1_dir / rel} is listed by {store.path} but missing; "
+                raise MissingInputError(f"table1-dir: {table1_dir / rel} is listed by {store.path} but missing; "
                                         "rerun Table 1 after deleting its store")
             frames.append(read_per_sample(table1_dir / rel).assign(label=f"{v}/{f}"))
     if not frames:
-        raise FileNotFoundError(f"table1-dir: {store.path} has no finished {preset!r} cells matching the filters")
+        raise MissingInputError(f"table1-dir: {store.path} has no finished {preset!r} cells matching the filters")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -124,6 +125,7 @@ def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
 
 def run(args) -> int:
     select_variants(args.variants)  # an unknown name is an error, not an empty selection
+    ensure_out_dir(args.out)  # before any work
     datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else None
     samples = load_samples(Path(args.table1_dir), args.preset, args.variants, args.flavour, args.seeds, datasets)
     out = Path(args.out)

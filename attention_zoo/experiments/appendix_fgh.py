@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..envinfo import environment_record, resolve_device, set_seed
 from ..io import atomic_write_json
 from ..report import write_tables
+from ..results import ensure_out_dir
 from .common import base_parser, cli_main, open_store, positive_int, seed_int, setup_threads
 from .generation import PRESETS, DataOptions, build_model, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
@@ -56,6 +57,7 @@ def _train_with_snapshots(model, data, s: dict, snap_steps: list[int], device, p
 
 
 def run(args) -> dict:
+    ensure_out_dir(args.out)  # before the data is loaded
     setup_threads(args.threads)
     device = resolve_device(args.device)
     s = dict(SETTINGS[args.preset])
@@ -66,7 +68,7 @@ def run(args) -> dict:
     steps_per_epoch = math.ceil(data.n_train / s["batch"])
     snap_steps = list(s["snapshots"]) if s["steps"] else [e * steps_per_epoch for e in s["snapshots"]]
     env = environment_record(device, preset=args.preset)
-    store = open_store(args, "appendix_fgh", device, env, settings=s)
+    store = open_store(args, "appendix_fgh", device, env, variants=("damcha",), settings=s)
     val_batch = tuple(t.to(device) for t in next(iter(data.batches("val", 16)())))
     paths = {}
     for label, (opts, share) in MODELS.items():

@@ -18,7 +18,7 @@ from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI help
 )
 from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads re-exported for the scripts
 from ..plugins import add_include_argument
-from ..registry import get_attention_spec, list_attentions, parse_option_rows, resolved_options, select_attentions
+from ..registry import get_attention_spec, parse_option_rows, resolved_options, select_attentions
 from ..results import ResultStore
 
 PRESETS = ("smoke", "paper")
@@ -63,14 +63,17 @@ SELECTION_OPTIONS = ("out", "quiet", "fresh", "variants", "flavour", "seeds", "i
 
 
 def run_context(args: argparse.Namespace, device: torch.device | str, *, dtype: str = "float32",
-                selection: tuple[str, ...] = (), **config) -> dict:
+                selection: tuple[str, ...] = (), variants: tuple[str, ...] = (), **config) -> dict:
     """What besides a cell's own fields can change its numbers: every parsed option except the selection ones
     (and ``selection``), the resolved configuration ``config`` (preset fields, overrides), the environment
-    fingerprint, and every registered attention's default options. The ResultStore keys cells by it."""
+    fingerprint, and the resolved default options of ``variants``: the attentions every cell uses (a script on a
+    fixed variant). A cell that names its own variant carries that variant's options itself
+    (``attention_options``, ``registry.resolved_options_json``), so registering an unrelated variant
+    (``--include``) or changing another variant's default reruns nothing. The ResultStore keys cells by it."""
     skip = set(SELECTION_OPTIONS) | set(selection)
     return {"options": {k: v for k, v in sorted(vars(args).items()) if k not in skip},
             "config": config, "environment": fingerprint(device, dtype),
-            "attention_defaults": {n: resolved_options(n) for n in list_attentions()}}
+            "attention_defaults": {n: resolved_options(n) for n in variants}}
 
 
 def open_store(args: argparse.Namespace, name: str, device: torch.device | str, env: dict, **context_kw

@@ -5,7 +5,6 @@ a cell, measure it beside the memory fork servers, store it)."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -13,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from ..measure import ForkServers
-from ..registry import resolved_options
+from ..registry import resolved_options_json
 from ..results import ResultStore
 from .common import add_extra_argument, non_negative_int, positive_float, positive_int, select_variants, variant_configs
 
@@ -52,6 +51,11 @@ def add_measure_arguments(p: argparse.ArgumentParser) -> None:
     add_extra_argument(p)
 
 
+# Options that change how cells are run, not their numbers: memory is measured in one fresh process per item, so
+# how many run at once changes no process's peak (timings are taken afterwards, in this process).
+RUN_CONTROL = ("memory_workers",)
+
+
 def timing_for(args: argparse.Namespace, device: torch.device) -> Timing:
     """The timing rule of the preset on the device; command-line values win. The smoke preset on a CPU times
     shorter so that a whole table takes minutes."""
@@ -77,10 +81,9 @@ class AttentionRow:
         return {"flavor": self.flavor, **self.options}
 
     def cell_fields(self) -> dict:
-        """The row's part of a result cell: label, flavour and the resolved options (JSON)."""
-        opts = resolved_options(self.name, self.module_options)
-        return {"variant": self.label, "flavour": self.flavor,
-                "attention_options": json.dumps(opts, sort_keys=True, default=str)}
+        """The row's part of a result cell: label, registered name, flavour and the resolved options (JSON)."""
+        return {"variant": self.label, "attention": self.name, "flavour": self.flavor,
+                "attention_options": resolved_options_json(self.name, self.module_options)}
 
 
 def attention_rows(args: argparse.Namespace) -> list[AttentionRow]:
@@ -113,5 +116,5 @@ def config_record(obj) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(obj).items()}
 
 
-__all__ = ["AttentionRow", "Timing", "add_measure_arguments", "attention_rows", "config_record", "measure_cells",
-           "timing_for"]
+__all__ = ["RUN_CONTROL", "AttentionRow", "Timing", "add_measure_arguments", "attention_rows", "config_record",
+           "measure_cells", "timing_for"]

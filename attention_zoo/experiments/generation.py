@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from ..data import image_tasks as dt
 from ..data import images as di
 from ..data import seq2seq as s2s
-from ..engine import TrainConfig, lm_loss, load_checkpoint, train
+from ..engine import TrainConfig, discard_run, lm_loss, load_checkpoint, train
 from ..engine.checkpoint import strip_prefixes
 from ..engine.distributed import DistInfo
 from ..envinfo import set_seed
@@ -45,7 +45,7 @@ from ..measure.flops import analytic_flops
 from ..measure.params import count_params
 from ..metrics import images as mi
 from ..models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
-from ..registry import split_options
+from ..registry import resolved_options_json, split_options
 from ..results import cell_id  # noqa: F401 - re-exported for the tables
 from .generation_scoring import VAL_UNIT, _row, cell_name, score_cell, validation_loss
 
@@ -228,6 +228,7 @@ class Context:
     quiet: bool
     keep_checkpoints: bool
     bart_path: str | None
+    fresh: bool = False  # --fresh: every cell trains from scratch, never from a kept checkpoint
 
     @property
     def preset(self) -> Preset:
@@ -249,6 +250,7 @@ class Context:
         conf = {"model": model, "train": train, "data": asdict(self.data)}  # run control is not part of a cell
         return {"experiment": self.name, "preset": self.preset_name, "dataset": dataset, "task": data.task,
                 "variant": variant, "flavor": flavor, "setting": setting, "seed": seed,
+                "attention_options": resolved_options_json(variant, {"flavor": flavor}),
                 "steps": conf["train"]["max_steps"], "eval_samples": len(data.eval_set),
                 "extractor": self.extractor if data.kind == "image" else None,
                 "config": hashlib.sha1(json.dumps(conf, sort_keys=True, default=str).encode()).hexdigest()[:10]}
@@ -274,8 +276,11 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     model = build_model(data, cell["variant"], cell["flavor"], ctx.preset, options, share_mlp)
     cfg = ctx.train_config(data).replace(seed=cell["seed"], progress=not ctx.quiet)
     run_dir = ctx.run_dir(cell)
+    if ctx.fresh:
+        discard_run(run_dir)
     res = train(model, cfg, data.sampler(cfg.batch_size, cell["seed"]), run_dir,
-                eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn, resume="auto",
+                eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn,
+                resume=None if ctx.fresh else "auto",
                 info=DistInfo(device=ctx.device), meta={"cell": cell}, desc=cell_name(cell))
     best = run_dir / "checkpoints" / "best.pt"
     if res.status == "ok" and best.is_file():

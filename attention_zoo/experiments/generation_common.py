@@ -88,7 +88,7 @@ def make_context(args, name: str) -> Context:
                        args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval)
     train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
     return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
-                   args.quiet, args.keep_checkpoints, args.bart_path)
+                   args.quiet, args.keep_checkpoints, args.bart_path, args.fresh)
 
 
 def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None = None,
@@ -131,9 +131,10 @@ def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
                       train_overrides=result_identity(ctx.train_overrides))
 
 
-def frame_and_env(store: ResultStore, cells: list[dict], ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
-    """The long frame of this run's cells only, and the environment record naming every run behind it."""
-    df = store.frame(cells)
+def frame_and_env(store: ResultStore, ctx: Context, clock: Clock) -> tuple[pd.DataFrame, dict]:
+    """The long frame of every cell of this context (also those other runs on this ``--out`` measured), and the
+    environment record naming every run behind it."""
+    df = store.frame()
     return df, store.environment(environment(ctx, clock), df)
 
 

@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 
 from ..data.text import WindowSampler, load_char_corpus
 from ..envinfo import environment_record, resolve_device
-from ..measure import build_workload, count_params, measure_memory, measure_model_latency, workload_spec
+from ..measure import build_workload, count_params, guarded, measure_memory, measure_model_latency, workload_spec
 from ..models import Decoder
 from ..plots import line_plot
 from ..registry import create_attention
 from ..report import markdown_table, write_tables
-from ..results import ResultStore
+from ..results import ResultStore, ensure_out_dir
 from ..variants.damcha import metric_generator, set_block_scales
 from ..variants.damcha_generator import adam_param_groups
 from .common import base_parser, cli_main, open_store, setup_threads
@@ -180,23 +180,26 @@ def costs(p: dict, device: torch.device) -> list[dict]:
             spec = workload_spec(attention=label.split()[0], options=opts, causal=causal, **shape)
             wl = build_workload(spec, device)
             params = count_params(wl.model)["total_params"]
-            lat = measure_model_latency(wl, "fwd_bwd", device, warmup=1, repeats=p["repeats"])
+            lat = guarded(lambda wl=wl: {"lat": measure_model_latency(wl, "fwd_bwd", device, warmup=1,
+                                                                       repeats=p["repeats"])}, device)
             del wl
             mem = measure_memory(spec, device, mode="train")
             base = {"section": "costs", "config": label, "causal": causal, **shape}
             rows += [{**base, "metric": "params", "value": params, "unit": "count"},
-                     {**base, "metric": "fwd_bwd_latency_median", "value": lat.median_ms, "unit": "ms",
-                      "threads": lat.threads},
+                     {**base, "metric": "fwd_bwd_latency_median", "unit": "ms", "status": lat["status"],
+                      "message": lat["message"], "value": lat["lat"].median_ms if "lat" in lat else math.nan,
+                      "threads": torch.get_num_threads()},
                      {**base, "metric": "analytic_fwd_flops", "value": create_attention(
                          label.split()[0], d_model=shape["d_model"], n_heads=shape["n_heads"], causal=causal,
                          **opts).analytic_flops(shape["batch"], shape["seq_len"]) / 1e9, "unit": "GFLOP"}]
             key = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
             rows.append({**base, "metric": f"train_step_{key}", "value": mem.get(key, math.nan), "unit": "MiB",
-                         "status": mem.get("status", "ok") if mem.get("status") in ("ok", "oom", "error") else "ok"})
+                         "status": mem["status"], "message": mem["message"]})
     return rows
 
 
 def run(args) -> dict:
+    ensure_out_dir(args.out)  # before the corpus is loaded
     setup_threads(args.threads)
     device = resolve_device(args.device)
     p = dict(PRESETS[args.preset])
@@ -205,7 +208,7 @@ def run(args) -> dict:
     sampler = WindowSampler(corpus.train, p["context"], p["batch"], seed=0)
     val = [WindowSampler([corpus.val["shakespeare"]], p["context"], p["batch"], seed=1)(i) for i in range(4)]
     store = open_store(args, "rowsum_analysis", device, environment_record(device, preset=args.preset),
-                       selection=("sections",), settings=p)
+                       selection=("sections",), variants=("damcha", "mha"), settings=p)
     sections = {"gradient_identity": lambda: gradient_identity(p, sampler),
                 "equivalence": lambda: equivalence(p, corpus),
                 "diag_vs_full": lambda: diag_vs_full(p, sampler, val, not args.quiet),

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
+from ..results import ensure_out_dir
+from ..workers import child_preexec
 from .common import HelpFormatter, cli_main, positive_int
 from .results_index import RUN_RECORD, build_index
 
@@ -117,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(SCRIPTS))
     if unknown:
         raise ValueError(f"only: unknown {', '.join(unknown)}; available: {', '.join(SCRIPTS)}")
-    results = args.results
-    results.mkdir(parents=True, exist_ok=True)
+    results = ensure_out_dir(args.results, "results")  # before any script runs
     record_path = results / RUN_RECORD
     record = _load_record(record_path)
     todo = [s for s in SCRIPTS if s in chosen and not args.index_only]
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = shlex.join(["python", *cmd[1:]])
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
-            rc = subprocess.run(cmd).returncode
+            rc = subprocess.run(cmd, preexec_fn=child_preexec()).returncode  # killed with us: no orphan writes
             wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
             print(f"== {name}: exit {rc} after {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
             record.setdefault("scripts", {})[name] = {

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..envinfo import environment_record, resolve_device
 from ..measure.status import free_memory, is_oom, short_message
+from ..registry import resolved_options_json, split_options
 from ..results import ResultStore, digest
 from ..workers import die_with_parent
 from .common import (
@@ -112,7 +113,10 @@ def build_cells(args, preset: Preset, preset_name: str) -> list[dict]:
                 "classification": [{"lam": None, "d_e": int(d)} for d in des]}
     tag = config_tag(preset_name, preset)
     seeds = args.seeds if args.seeds is not None else list(preset.seeds)
-    return [{"experiment": NAME, "config": tag, "task": task, **s, "seed": seed, "variant": v, "flavor": f}
+    options = {(v, f): resolved_options_json(v, {**split_options(v, preset.attention_options)[0], "flavor": f})
+               for v, f in pairs}  # keys each cell by every option value its module gets
+    return [{"experiment": NAME, "config": tag, "task": task, **s, "seed": seed, "variant": v, "flavor": f,
+             "attention_options": options[v, f]}
             for task in tasks for s in settings[task] for seed in seeds for v, f in pairs]
 
 
@@ -255,7 +259,8 @@ def run(args) -> int:
     out, tag = Path(args.out), config_tag(args.preset, preset)
     env = environment_record(device, preset=args.preset, config=tag, workers=workers, threads_per_worker=threads,
                              preset_config=asdict(preset))
-    store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "ensemble"), workers=workers,
+    # --workers and --no-ensemble only change how cells are spread over processes and grouped: same numbers
+    store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "workers", "ensemble"),
                        preset=asdict(preset))
     n_todo = len(store.pending(cells))
     try:

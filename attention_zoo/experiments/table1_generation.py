@@ -151,7 +151,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, "default", s) for ds in datasets_of(ctx, args.datasets) for v, f in pairs
              for s in args.seeds]
     code = run_cells(ctx, store, cells, lambda c: train_and_score(ctx, c))
-    comp, verdicts = write_report(ctx, *frame_and_env(store, cells, ctx, clock), store=store)
+    comp, verdicts = write_report(ctx, *frame_and_env(store, ctx, clock), store=store)
     print(comparison_text(comp))
     print("\n".join(verdict_lines(verdicts)))
     print(clock.line(NAME))

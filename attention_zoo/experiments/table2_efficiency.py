@@ -40,7 +40,15 @@ from ..measure import (
 from ..plots import barh_plot
 from ..report import UNSTABLE_MARK, comparison_frame, format_comparison, mark_values, write_tables
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
+from .efficiency import (
+    RUN_CONTROL,
+    Timing,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
+)
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
 
 NAME = "table2_efficiency"
@@ -366,7 +374,7 @@ def run(args) -> int:
     rows = attention_rows(args)
     env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
                              model=cfg["model"], counters=list(counters))
-    store = open_store(args, NAME, device, env, selection=("settings", "extra"), **cfg)
+    store = open_store(args, NAME, device, env, selection=("settings", "extra", *RUN_CONTROL), **cfg)
     cells, plan_of = [], {}
     for s in settings:
         for row in rows:
@@ -384,7 +392,7 @@ def run(args) -> int:
         print(f"{len(cells)} cells, {len(cells) - len(store.pending(cells))} already measured here with these "
               f"settings; {notes(cfg, device, counters)[:160]}…")
     measure_cells(store, cells, measure, device, args.memory_workers, NAME, args.quiet)
-    df = store.frame(cells)
+    df = store.frame()  # every cell of this context, also those other runs on this --out measured
     wide = wide_frame(df)
     comp = paper_comparison(df, args.preset, device)
     marks = unstable_marks(df)

@@ -151,7 +151,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
     code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
-    comp, lines = write_report(ctx, *gc.frame_and_env(store, cells, ctx, clock))
+    comp, lines = write_report(ctx, *gc.frame_and_env(store, ctx, clock))
     print(gc.comparison_text(comp))
     print("\n".join(lines))
     print(clock.line(NAME))

@@ -158,7 +158,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
     code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, store, c))
-    comp = write_report(ctx, *gc.frame_and_env(store, cells, ctx, clock))
+    comp = write_report(ctx, *gc.frame_and_env(store, ctx, clock))
     print(gc.comparison_text(comp))
     print(clock.line(NAME))
     return code

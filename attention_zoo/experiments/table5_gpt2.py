@@ -44,6 +44,7 @@ from ..engine import (
     TrainConfig,
     TrainResult,
     batch_weight,
+    discard_run,
     evaluate,
     parse_overrides,
     prune_checkpoints,
@@ -56,7 +57,7 @@ from ..io import read_jsonl
 from ..measure.params import count_params
 from ..measure.status import free_memory, is_oom, short_message
 from ..models import Decoder
-from ..registry import is_attention, split_options
+from ..registry import is_attention, resolved_options_json, split_options
 from ..results import ResultStore, cell_id
 from .common import (
     base_parser,
@@ -169,8 +170,9 @@ def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
 
 
 def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInfo, run_dir: Path,
-             final_eval_batches: int | None) -> tuple[list[dict], TrainResult]:
-    """Train one cell (resuming if its directory has a checkpoint) and evaluate it; returns (rows, result)."""
+             final_eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
+    """Train one cell (resuming if its directory has a checkpoint, unless ``fresh``: then from scratch, the old
+    checkpoints discarded) and evaluate it; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
     opts, _ = split_options(variant, {**preset.attention_options, "flavor": flavor})
     set_seed(seed)
@@ -182,8 +184,10 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                           for name, arr in getattr(corpus, split).items()} for split in ("val", "test")}
     reset_ok = _reset_peak(info.device)
     base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
-    res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets=evaluators["val"], resume="auto",
-                info=info, meta={"cell": cell, "attention_options": opts},
+    if fresh and info.is_main:
+        discard_run(run_dir)
+    res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets=evaluators["val"],
+                resume=None if fresh else "auto", info=info, meta={"cell": cell, "attention_options": opts},
                 desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}")
     common = {"attention_options": json.dumps(opts, default=str), "context": preset.context,
               "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
@@ -371,14 +375,15 @@ def _run(args, info: DistInfo) -> int:
         for (variant, flavor) in pairs:
             for seed in args.seeds:
                 key = {"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
-                       "seed": seed, "max_steps": cfg.max_steps, "eval_batches": final_batches}
+                       "attention_options": resolved_options_json(variant, {"flavor": flavor}), "seed": seed,
+                       "max_steps": cfg.max_steps, "eval_batches": final_batches}
                 done = broadcast_object(store.is_done(key) if store else None, info)
                 if done:
                     continue
                 corpus = corpus or load_char_corpus(ds, args.data_dir, args.download)
                 run_dir = run_dir_of(out, key, context)
                 try:
-                    rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches)
+                    rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches, args.fresh)
                     status = res.status
                 except Exception as exc:  # noqa: BLE001 - an OOM is a result; anything else propagates
                     if not is_oom(exc) or info.distributed:

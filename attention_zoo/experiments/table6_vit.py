@@ -60,6 +60,7 @@ from ..data.images import load_digits_images, load_images, train_val_split
 from ..engine import (
     TrainConfig,
     TrainResult,
+    discard_run,
     parse_overrides,
     prune_checkpoints,
     result_identity,
@@ -70,8 +71,8 @@ from ..envinfo import environment_record, set_seed
 from ..io import read_jsonl
 from ..measure.params import count_params
 from ..models import VisionTransformer
-from ..registry import is_attention, split_options
-from ..results import ResultStore, cell_id
+from ..registry import is_attention, resolved_options_json, split_options
+from ..results import ResultStore, cell_id, ensure_out_dir
 from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
 
 NAME = "table6_vit"
@@ -282,8 +283,9 @@ def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
 
 
 def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info: DistInfo, run_dir: Path,
-             attn_options: dict, eval_batches: int | None) -> tuple[list[dict], TrainResult]:
-    """Train one cell (resuming from its directory's checkpoint) and measure top-1/top-5; returns (rows, result)."""
+             attn_options: dict, eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
+    """Train one cell (resuming from its directory's checkpoint, unless ``fresh``: then from scratch, the old
+    checkpoints discarded) and measure top-1/top-5; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
     opts, _ = split_options(variant, {**preset.attention_options, **attn_options, "flavor": flavor})
     set_seed(seed)
@@ -292,9 +294,11 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
                               d_ff=preset.d_ff, dropout=preset.dropout)
     params = count_params(model)
     sampler, evaluator = data.sampler(cfg.batch_size, seed, info), data.evaluator(preset.eval_batch_size, info)
+    if fresh and info.is_main:
+        discard_run(run_dir)
     try:
         res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": evaluator},
-                    loss_fn=classification_loss, resume="auto", info=info,
+                    loss_fn=classification_loss, resume=None if fresh else "auto", info=info,
                     meta={"cell": cell, "attention_options": opts},
                     desc=f"{variant}/{flavor}/e{cell['epochs']}/s{seed}")
     finally:
@@ -416,6 +420,8 @@ def run(args) -> int:
 
 
 def _run(args, info: DistInfo) -> int:
+    if info.is_main:
+        ensure_out_dir(args.out)  # before the data is loaded (or downloaded)
     preset = PRESETS[args.preset]
     names = select_variants(args.variants) if args.variants else [v for v in DEFAULT_VARIANTS if is_attention(v)]
     pairs = variant_flavours(names, args.flavour)
@@ -437,13 +443,15 @@ def _run(args, info: DistInfo) -> int:
                 key = {"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
                        "flavor": flavor, "epochs": epochs, "seed": seed, "max_steps": cfg.max_steps,
                        "batch_size": batch, "steps_per_epoch": spe, "eval_batches": args.eval_batches,
-                       "attn_options": json.dumps(attn_options, sort_keys=True, default=str)}
+                       "attn_options": json.dumps(attn_options, sort_keys=True, default=str),
+                       "attention_options": resolved_options_json(variant, {"flavor": flavor})}
                 if broadcast_object(store.is_done(key) if store else None, info):
                     if not args.quiet and info.is_main:
                         print(f"{NAME}: {variant}/{flavor} e{epochs} s{seed} already done, skipped")
                     continue
                 run_dir = run_dir_of(out, key, context)
-                rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches)
+                rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches,
+                                     args.fresh)
                 if res.status == "interrupted":
                     print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from {run_dir}",
                           file=sys.stderr)

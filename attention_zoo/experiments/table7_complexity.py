@@ -33,10 +33,18 @@ from ..measure import (
 )
 from ..measure.complexity import FORMULAS, complexity_frame, params_frame
 from ..plots import line_plot
-from ..registry import get_attention_spec
+from ..registry import get_attention_spec, is_attention
 from ..report import markdown_table, write_tables
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import Timing, add_measure_arguments, attention_rows, config_record, measure_cells, timing_for
+from .efficiency import (
+    RUN_CONTROL,
+    Timing,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
+)
 
 NAME = "table7_complexity"
 @dataclass(frozen=True)
@@ -168,7 +176,10 @@ def run(args) -> int:
     points = [(T, preset.d_model) for T in preset.seq_lens]
     points += [(preset.seq_len, D) for D in preset.d_models if (preset.seq_len, D) not in points]
     env = environment_record(device, preset=args.preset, sweep=sweep)
-    store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra"), sweep=sweep)
+    # the T and D lists only pick cells (each cell has its own seq_len and d_model): runs with other lists share cells
+    grid = {k: v for k, v in sweep.items() if k not in ("seq_lens", "d_models")}
+    store = open_store(args, NAME, device, env, selection=("seq_lens", "d_models", "causal", "extra", *RUN_CONTROL),
+                       sweep=grid)
     cells, row_of = [], {}
     for row in attention_rows(args):
         row_of[row.label] = row
@@ -186,18 +197,20 @@ def run(args) -> int:
         return scaling_rows(spec, device, timing, servers)
 
     measure_cells(store, cells, measure, device, args.memory_workers, NAME, args.quiet)
-    df = store.frame(cells)
+    df = store.frame()  # every cell of this context, also those other runs on this --out measured
     t_df = df[df["d_model"] == sweep["d_model"]] if not df.empty else df
     d_df = df[df["seq_len"] == sweep["seq_len"]] if not df.empty else df
     wide = slopes_wide(t_df, d_df)
     if not wide.empty:  # the capability that explains the memory exponent in T (fused: ~T, kept logits: ~T²)
-        wide.insert(3, "attention core", wide["variant"].map(lambda v: get_attention_spec(row_of[v].name).core))
+        name_of = dict(zip(df["variant"], df["attention"]))  # rows of earlier runs (plugins not loaded now) too
+        wide.insert(3, "attention core", wide["variant"].map(
+            lambda v: get_attention_spec(name_of[v]).core if is_attention(name_of[v]) else "n/a (not registered)"))
     out = Path(args.out)
     comp, params = complexity_frame(), params_frame()
     atomic_write_csv(comp, out / f"{NAME}_formulas_numbers.csv")
     atomic_write_csv(params, out / f"{NAME}_params.csv")
     write_tables(out, NAME, df, wide, store.environment(env, df), "Table 7: complexity",
-                 report_notes(comp, params, sweep))
+                 report_notes(comp, params, {**sweep, **reported_grid(t_df, d_df)}))
     scaling_plots(t_df, d_df, out)
     if not args.quiet:
         print(markdown_table(params[(params["sharing"] == "shared")][["reading of P", "N", "G", "attention ratio",
@@ -205,6 +218,12 @@ def run(args) -> int:
         print(markdown_table(wide, floatfmt=".2f"))
         print(f"wrote {out / (NAME + '.md')}")
     return 0
+
+
+def reported_grid(t_df: pd.DataFrame, d_df: pd.DataFrame) -> dict:
+    """The T and D values the report holds (this run's and those of earlier runs in the same context)."""
+    return {"seq_lens": sorted(int(v) for v in t_df["seq_len"].unique()) if not t_df.empty else [],
+            "d_models": sorted(int(v) for v in d_df["d_model"].unique()) if not d_df.empty else []}
 
 
 def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:

@@ -9,6 +9,10 @@ Repeats adapt: timing continues until at least ``min_repeats`` calls and ``min_t
 utilisation and SM clock where the driver reports them. A result is ``unstable`` when IQR/median exceeds
 ``max_iqr`` (10 %) or the machine was busy: load beyond our own threads, or other processes' CPU use, above
 ``busy_frac`` (½) of the cores. Like pyperf, it still reports the number, with the reason beside it.
+
+The result of the last timed call is checked after timing (outside the timed region): a NaN or infinite output or
+loss raises ``NonFiniteError`` (``measure_interleaved`` reports it per callable), which sweeps record as a ``nan``
+row (``status.guarded``), never as an ``ok`` timing.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..checks import check_positive_int
+from ..checks import check_positive_int, check_real
+from .status import NonFiniteError, check_finite
 from .workload import Workload
 
 MODES = ("forward", "fwd_bwd")
@@ -158,6 +163,23 @@ def warn_unstable(label: str, res: LatencyResult, file=None) -> None:
               file=file or sys.stderr)
 
 
+def check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats) -> tuple[int, int, float]:
+    """``(min_repeats, max_repeats, min_time_s)`` in effect (a fixed ``repeats`` sets all three).
+
+    Raises:
+        ValueError: ``warmup`` not an int >= 0, ``repeats`` (unless None) / ``min_repeats`` / ``max_repeats`` not an
+            int >= 1, or ``min_time_s`` not a finite number >= 0.
+    """
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if repeats is not None:
+        check_positive_int("repeats", repeats)
+        return repeats, repeats, 0.0
+    check_positive_int("min_repeats", min_repeats)
+    check_positive_int("max_repeats", max_repeats)
+    check_real("min_time_s", min_time_s, minimum=0.0)
+    return min_repeats, max(max_repeats, min_repeats), float(min_time_s)
+
+
 def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 10,
                     repeats: int | None = None, *, min_time_s: float = 1.0, min_repeats: int = 10,
                     max_repeats: int = 1000) -> LatencyResult:
@@ -167,21 +189,15 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
 
     Raises:
         ValueError: ``warmup`` negative, ``repeats``/``min_repeats``/``max_repeats`` < 1 or ``min_time_s`` < 0.
+        NonFiniteError: the last timed call returned a NaN or infinite tensor.
     """
-    check_positive_int("warmup", warmup, allow_zero=True)
-    if repeats is not None:
-        check_positive_int("repeats", repeats)
-        min_repeats, max_repeats, min_time_s = repeats, repeats, 0.0
-    check_positive_int("min_repeats", min_repeats)
-    check_positive_int("max_repeats", max_repeats)
-    if not min_time_s >= 0:
-        raise ValueError(f"min_time_s: expected a number >= 0, got {min_time_s!r}")
-    max_repeats = max(max_repeats, min_repeats)
+    min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
     for _ in range(warmup):
         fn()
     probe = LoadProbe().start(device)
     times: list[float] = []
+    last = None  # the last call's result, checked after timing; released before each call
 
     def enough() -> bool:
         return len(times) >= max_repeats or (len(times) >= min_repeats and sum(times) >= 1e3 * min_time_s)
@@ -194,17 +210,21 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
                 events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                           for _ in range(n)]
                 for start, end in events:
+                    last = None
                     start.record()
-                    fn()
+                    last = fn()
                     end.record()
                 torch.cuda.synchronize()  # once per batch, before reading: never time kernel launches
                 times += [start.elapsed_time(end) for start, end in events]
     else:
         while not enough():
+            last = None
             t0 = time.perf_counter_ns()
-            fn()
+            last = fn()
             times.append((time.perf_counter_ns() - t0) / 1e6)
-    return LatencyResult.from_times(times, str(device), warmup, probe.stop())
+    load = probe.stop()
+    check_finite(last)
+    return LatencyResult.from_times(times, str(device), warmup, load)
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", warmup: int = 1,
@@ -213,29 +233,29 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     """Time several callables in rounds (A B C … A B C …), so that drift in the machine's load hits all alike, until
     each has ``repeats`` calls or at least ``min_repeats`` calls and ``min_time_s`` seconds of timed work. One
     noise-guard probe covers the whole timing. Returns ``(results, failures)``: a callable that raises is dropped
-    from later rounds and its exception returned (the caller decides whether it is an OOM row or a bug)."""
-    check_positive_int("warmup", warmup, allow_zero=True)
-    if repeats is not None:
-        check_positive_int("repeats", repeats)
-        min_repeats, max_repeats, min_time_s = repeats, repeats, 0.0
+    from later rounds and its exception returned (the caller decides whether it is an OOM row or a bug), and one
+    whose last result is not finite is returned with a NonFiniteError."""
+    min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
     live, failures = dict(fns), {}
     times: dict[str, list[float]] = {k: [] for k in fns}
+    last: dict[str, object] = {}  # each callable's last result, checked after timing
 
     def call(label: str, fn, timed: bool) -> None:
+        last[label] = None
         try:
             if not timed:
-                fn()
+                last[label] = fn()
             elif device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                fn()
+                last[label] = fn()
                 end.record()
                 torch.cuda.synchronize(device)
                 times[label].append(start.elapsed_time(end))
             else:
                 t0 = time.perf_counter_ns()
-                fn()
+                last[label] = fn()
                 times[label].append((time.perf_counter_ns() - t0) / 1e6)
         except Exception as exc:  # noqa: BLE001 - reported per case, the others go on
             failures[label] = exc
@@ -255,6 +275,12 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
             if not done(label):
                 call(label, fn, True)
     load = probe.stop()
+    for label in list(live):
+        try:
+            check_finite(last.pop(label, None))
+        except NonFiniteError as exc:
+            failures[label] = exc
+            del live[label]
     return {k: LatencyResult.from_times(times[k], str(device), warmup, load) for k in live}, failures
 
 

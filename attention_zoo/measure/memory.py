@@ -33,9 +33,10 @@ import time
 
 import torch
 
-from ..workers import die_with_parent
+from ..checks import check_positive_int
+from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
-from .status import guarded, short_message
+from .status import check_finite, guarded, short_message
 from .workload import build_workload, workload_spec
 
 MIB = 2**20
@@ -45,11 +46,21 @@ _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 def memory_item(workload: dict, mode: str = "train", optimizer_in_region: bool = True, warmup: int = 1,
                 threads: int | None = None) -> dict:
-    """One measurement request (JSON-able): a workload spec plus the mode and its settings."""
+    """One measurement request (JSON-able): a workload spec plus the mode and its settings.
+
+    Raises:
+        ValueError: a bad spec or mode, ``optimizer_in_region`` not a bool ("no" is not False), ``warmup`` not an
+            int >= 0 or ``threads`` neither None nor an int >= 1.
+    """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    return {"workload": workload_spec(**workload), "mode": mode, "optimizer_in_region": bool(optimizer_in_region),
-            "warmup": int(warmup), "threads": threads}
+    if not isinstance(optimizer_in_region, bool):
+        raise ValueError(f"optimizer_in_region: expected a bool, got {optimizer_in_region!r}")
+    check_positive_int("warmup", warmup, allow_zero=True)
+    if threads is not None:
+        check_positive_int("threads", threads)
+    return {"workload": workload_spec(**workload), "mode": mode, "optimizer_in_region": optimizer_in_region,
+            "warmup": warmup, "threads": threads}
 
 
 class _Step:
@@ -75,12 +86,14 @@ class _Step:
                 self.opt.step()
         self.wl.zero_grad()
 
-    def __call__(self) -> None:
+    def __call__(self):
+        """The step; returns its output (forward) or loss, for ``check_finite`` after the peak is read."""
         if self.mode == "train" and self.opt is None:
             self.opt = torch.optim.AdamW(self.params, lr=1e-4)  # inside the region: state counted
-        self.fn()
+        out = self.fn()
         if self.mode == "train":
             self.opt.step()
+        return out
 
 
 def _measure_cuda(item: dict, device: torch.device) -> dict:
@@ -92,12 +105,13 @@ def _measure_cuda(item: dict, device: torch.device) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     base, base_res = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-    step()
+    result = step()
     torch.cuda.synchronize(device)
+    check_finite(result)  # a NaN/inf step is a ``nan`` row (guarded), not a memory number
     out = {"peak_alloc_mib": (torch.cuda.max_memory_allocated(device) - base) / MIB,
            "peak_reserved_mib": (torch.cuda.max_memory_reserved(device) - base_res) / MIB,
            "baseline_alloc_mib": base / MIB}
-    del step, wl
+    del step, wl, result
     return out
 
 
@@ -133,8 +147,9 @@ def _measure_cpu_here(item: dict) -> dict:
     base = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-    step()
+    result = step()
     hwm = _status_kib("VmHWM")
+    check_finite(result)
     return {"peak_rss_mib": (hwm - base) / 1024, "baseline_rss_mib": base / 1024, "threads": torch.get_num_threads()}
 
 
@@ -159,7 +174,8 @@ def _child_cmd(entry: str, *args: str) -> list[str]:
 
 def _run_subprocess(item: dict, timeout: float | None) -> dict:
     try:
-        proc = subprocess.run(_child_cmd("main", json.dumps(item)), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(_child_cmd("main", json.dumps(item)), capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=child_preexec())  # a killed harness leaves no measurement running
     except subprocess.TimeoutExpired:
         return _killed(None, True)
     lines = proc.stdout.strip().splitlines()
@@ -218,7 +234,7 @@ class ForkServers:
         self.servers = [s for s in self.servers if s.poll() is None]
         while len(self.servers) < n:
             self.servers.append(subprocess.Popen(_child_cmd("serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 text=True, start_new_session=True))
+                                                 text=True, start_new_session=True, preexec_fn=child_preexec()))
 
     def run(self, items: list[dict]) -> list[dict]:
         results: list[dict | None] = [None] * len(items)

@@ -30,10 +30,11 @@ from ..envinfo import device_name, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
+from ..results import ensure_out_file
 from .flops import analytic_flops
 from .latency import LOAD_KEYS, measure_interleaved, measure_latency, step_fn
 from .memory import measure_memory_many, memory_item
-from .status import guarded, is_oom, short_message
+from .status import failure_status, guarded, short_message
 from .workload import build_workload, workload_spec
 
 BASELINE, METHOD = "mha", "damcha"
@@ -48,10 +49,11 @@ def gemm_gflops(device: torch.device, n: int = 2048, warmup: int = 3, repeats: i
 
 
 def flavors_of(name: str, flavor: str) -> list[str]:
-    """The flavours to run for a variant: ``paper``, ``damcha_repo`` (where it has one) or ``both``."""
+    """The flavours to run for a variant: ``paper``, ``damcha_repo`` or ``both``; a variant without the flavour
+    asked for (MHA, DAMCHA: one method each) runs its paper method, as in every other CLI."""
     have = get_attention_spec(name).flavors
     want = have if flavor == "both" else (flavor,)
-    return [f for f in want if f in have]
+    return [f for f in want if f in have] or ["paper"]
 
 
 def cases(names: list[str], args) -> list[tuple[str, dict]]:
@@ -89,10 +91,11 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
             rows[label] = {"status": res["status"], "message": res.get("message")}
     results, failures = measure_interleaved({label: case["fn"] for label, case in live.items()}, device, warmup,
                                             repeats=rounds)
-    for label, exc in failures.items():
-        if not is_oom(exc):
+    for label, exc in failures.items():  # an OOM or a NaN/inf loss is a row; anything else is a bug
+        status = failure_status(exc)
+        if status is None:
             raise exc
-        rows[label] = {"status": "oom", "message": short_message(exc)}
+        rows[label] = {"status": status, "message": short_message(exc)}
     for label, lat in results.items():
         fwd = live[label]["fwd"]
         rows[label] = {"status": "ok", "message": None, "fwd_gflop": fwd / 1e9, "fwd_bwd_ms": lat.median_ms,
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=positive_int, default=4, help="decoder layers")
     p.add_argument("--vocab", type=positive_int, default=256, help="decoder vocabulary")
     p.add_argument("--flavor", default="paper", choices=("paper", "damcha_repo", "both"),
-                   help="flavour(s) of each variant; variants without the flavour are skipped")
+                   help="flavour(s) of each variant; variants without the flavour run their paper method")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (every case once per round)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -253,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="optional PNG: fwd+bwd time per case (q25-q75 error bars)")
     add_include_argument(p)
     args = p.parse_args(argv)
+    for arg, path in (("csv", args.csv), ("md", args.md), ("plot", args.plot)):  # before any work
+        if path is not None:
+            ensure_out_file(path, arg, figure=arg == "plot")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     setup_threads(args.threads)
     device = resolve_device(args.device)
@@ -288,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median (IQR) of "
              f"{args.repeats} interleaved rounds; memory = {unit} of one fwd+bwd step; ratios to MHA's case")
     print(f"\n{title}")
-    widths = [max(36, *(len(label) for label in rows)), 10, 11, 8, 7, 7, 9, 10, 9]
+    widths = [max([36, *(len(label) for label in rows)]), 10, 11, 8, 7, 7, 9, 10, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
     for r in table_rows(rows, gemm):
         if len(r) > 2 and r[2] == "":

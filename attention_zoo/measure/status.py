@@ -1,4 +1,5 @@
-"""Out-of-memory and failure handling for sweeps: an OOM never aborts a sweep (docs/conventions.md §6)."""
+"""Out-of-memory, non-finite results and failure handling for sweeps: an OOM never aborts a sweep, and a step whose
+output or loss is NaN/inf is a ``nan`` row, never an ``ok`` one (docs/conventions.md §6)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,30 @@ import torch
 
 _ALLOC_FAILURE = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate",
                   "allocation failed", "std::bad_alloc")
+
+
+class NonFiniteError(ArithmeticError):
+    """A measured step produced a NaN or infinite output or loss (``check_finite``); ``guarded`` and the benchmark
+    loops turn it into a ``status="nan"`` row."""
+
+
+def _tensors(value):
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (tuple, list)):  # ModelOutput is a NamedTuple
+        for v in value:
+            yield from _tensors(v)
+
+
+def check_finite(value, what: str = "output") -> None:
+    """Raise NonFiniteError when a tensor in ``value`` (a tensor, a tuple/list/dict of them) holds NaN or inf.
+    Called after timing, outside the timed region (it synchronises with the device)."""
+    for t in _tensors(value):
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t.detach()).all()):
+            raise NonFiniteError(f"non-finite {what}: NaN or inf in a {tuple(t.shape)} tensor")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -30,19 +55,27 @@ def short_message(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {text[:limit]}"
 
 
-def guarded(fn: Callable[[], dict], device: torch.device | str | None = None) -> dict:
-    """Run ``fn() -> dict`` and return it with ``status="ok"``; an OOM returns ``{"status": "oom", "message"}``.
+def failure_status(exc: BaseException) -> str | None:
+    """The row status of a failed step: ``oom`` for an allocation failure, ``nan`` for a non-finite result, None
+    for anything else (a bug, which is not a sweep result and must propagate)."""
+    return "oom" if is_oom(exc) else "nan" if isinstance(exc, NonFiniteError) else None
 
-    Only allocation failures are caught: any other error propagates (a bug is not a sweep result).
+
+def guarded(fn: Callable[[], dict], device: torch.device | str | None = None) -> dict:
+    """Run ``fn() -> dict`` and return it with ``status="ok"``; an OOM returns ``{"status": "oom", "message"}``, a
+    NonFiniteError ``{"status": "nan", "message"}``.
+
+    Only these are caught: any other error propagates (a bug is not a sweep result).
     """
-    msg = None
+    status = None
     try:
         out = fn()
-    except Exception as exc:  # noqa: BLE001 - filtered by is_oom below
-        if not is_oom(exc):
+    except Exception as exc:  # noqa: BLE001 - filtered by failure_status below
+        status = failure_status(exc)
+        if status is None:
             raise
         msg = short_message(exc)
-    if msg is not None:  # outside the except block, so the traceback no longer pins the step's tensors
+    if status is not None:  # outside the except block, so the traceback no longer pins the step's tensors
         free_memory(device)
-        return {"status": "oom", "message": msg}
+        return {"status": status, "message": msg}
     return {"status": "ok", "message": "", **out}

