@@ -336,7 +336,7 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
 
 
 def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabel: str, arm: str = "arm",
-               paper: dict | None = None, panel_title: str = "{}") -> Path:
+               paper: dict | None = None, panel_title: str = "{}", paper_label: str = "paper") -> Path:
     """Seed-paired differences vs the reference arm: one dot with its interval whisker per arm (rows, shared across
     panels), one panel per ``panel`` value, a zero line; ``paper`` {(panel value, arm): x} as black stars. ``df``:
     ``delta_frame`` output (``mean``, ``low``, ``high``, ``n``). A single seed has no whisker (its n says so)."""
@@ -367,7 +367,7 @@ def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabe
         from matplotlib.lines import Line2D
 
         legend_outside(axes[0][-1], [Line2D([], [], marker="*", color=REFERENCE_COLOUR, linestyle="none")],
-                       ["paper"])
+                       [paper_label])
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=120)
