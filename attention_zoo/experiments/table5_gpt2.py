@@ -35,10 +35,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import torch
 
-from .. import plots, report
+from .. import report
+from ..claims import verdict_lines
 from ..data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
 from ..engine import (
     TrainConfig,
@@ -53,7 +53,6 @@ from ..engine import (
 )
 from ..engine.distributed import DistInfo, broadcast_object, run_distributed
 from ..envinfo import environment_record, set_seed
-from ..io import read_jsonl
 from ..measure.params import count_params
 from ..measure.status import free_memory, is_oom, short_message
 from ..models import Decoder
@@ -69,14 +68,9 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
+from .table5_report import NAME, PAPER_DATASETS, write_report
 
-NAME = "table5_gpt2"
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
-REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines
-PAPER_METHOD = "damcha"
-PAPER_REDUCTION = {("mix", "mha"): -5.19, ("mix", "dcmha"): -3.70}  # % change of DAMCHA's loss [Q]
-PAPER_VS_DCMHA_RANGE = "−1.90 … −3.70 % (range over the three datasets)"
-PAPER_DATASETS = ("enwik8", "text8", "mix")
 
 
 @dataclass(frozen=True)
@@ -221,130 +215,6 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
     return [{**common, **r} for r in rows], res
 
 
-def _label(df: pd.DataFrame) -> pd.Series:
-    return df["variant"] + "/" + df["flavor"]
-
-
-def reductions(df: pd.DataFrame) -> pd.DataFrame:
-    """Test-loss change (%) of every variant vs each reference (mha, dcmha in each flavour run), seeds averaged."""
-    ok = df[(df["metric"] == "test_loss") & (df["eval_set"] == df["dataset"]) & (df["status"] == "ok")]
-    if ok.empty:
-        return pd.DataFrame()
-    loss = ok.assign(label=_label(ok)).groupby(["dataset", "variant", "label"], as_index=False)["value"].mean()
-    out = []
-    for ds, g in loss.groupby("dataset"):
-        for _, ref in g[g["variant"].isin(REFERENCES)].iterrows():
-            for _, r in g[g["label"] != ref["label"]].iterrows():
-                change = 100 * (r["value"] - ref["value"]) / ref["value"]
-                out.append({"dataset": ds, "variant": r["label"], "reference": ref["label"],
-                            "ref_variant": ref["variant"], "change_pct": change})
-    return pd.DataFrame(out)
-
-
-def paper_comparison(red: pd.DataFrame) -> pd.DataFrame:
-    """paper | ours | delta for DAMCHA's relative test-loss change; smoke runs are set beside the Mix figures."""
-    if red.empty:
-        return pd.DataFrame()
-    entries = []
-    for _, r in red[red["variant"].str.startswith(PAPER_METHOD + "/")].iterrows():
-        paper_ds = r["dataset"] if r["dataset"] in PAPER_DATASETS else "mix"
-        paper = PAPER_REDUCTION.get((paper_ds, r["ref_variant"]), math.nan)
-        note = "" if paper_ds == r["dataset"] else f"paper figure is {paper_ds} at GPT-2 scale"
-        if math.isnan(paper) and r["ref_variant"] == "dcmha":
-            note = f"paper: {PAPER_VS_DCMHA_RANGE}"
-        entries.append({"what": f"{r['dataset']}: {r['variant']} vs {r['reference']} (test loss %)",
-                        "paper": paper, "ours": r["change_pct"], "note": note})
-    return report.comparison_frame(entries)
-
-
-def _curves(out: Path, store: ResultStore) -> list[Path]:
-    """Training and periodic validation curves per dataset: one line per variant/flavour (its fixed colour,
-    damcha_repo dashed), the mean over seeds with a 95 % Student-t band; one panel per evaluation set."""
-    frames = []
-    for rec in store.records():
-        rows = read_jsonl(run_dir_of(out, rec["cell"], store.context) / "metrics.jsonl")
-        label = f"{rec['cell']['variant']}/{rec['cell']['flavor']}"
-        for r in rows:
-            if r.get("event") in ("train", "eval"):
-                frames.append({"dataset": rec["cell"]["dataset"], "variant": label, "seed": rec["cell"]["seed"],
-                               "event": r["event"], "step": r["step"], "bpc": bpc(r["loss"]),
-                               "set": r.get("eval_set", "train")})
-    if not frames:
-        return []
-    df = pd.DataFrame(frames).drop_duplicates(["dataset", "variant", "seed", "event", "set", "step"], keep="last")
-    paths = []
-    for (ds, event), g in df.groupby(["dataset", "event"]):
-        what = "training loss" if event == "train" else "validation loss (periodic subset)"
-        seeds = g["seed"].nunique()
-        band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
-        paths.append(plots.line_plot(g.sort_values("variant", kind="stable"), "step", "bpc", "variant",
-                                      out / f"{NAME}_curve_{ds}_{event}.png", f"Table 5 {ds}: {what} ({band})",
-                                      "loss (bits per character)", xlabel="optimizer step",
-                                      panel="set" if event == "eval" else None, panel_title="eval set: {}"))
-    return paths
-
-
-def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> pd.DataFrame:
-    df = store.frame()
-    env = store.environment(env, df)
-    if df.empty:
-        return pd.DataFrame()
-    df["eval_set"] = df["eval_set"].fillna(df["dataset"]) if "eval_set" in df else df["dataset"]
-    head = df[df["eval_set"] == df["dataset"]]
-    quality = head[head["metric"].isin(["val_loss", "val_bpc", "test_loss", "test_bpc"])]
-    wide = _wide(quality)
-    eff = head[head["metric"].str.startswith(("tokens_per_s", "peak_", "params", "attention_params"))]
-    red = reductions(df)
-    comp = paper_comparison(red)
-    notes = [f"Preset `{preset_name}`. Test/validation cross-entropy in nats and bpc = nats/ln 2 (bits per byte on "
-             "enwik8); final weights; Mix = mean of its enwik8 and text8 parts. Tokens/s = training targets / wall "
-             "time inside training steps (evaluation excluded). Memory: CUDA `max_memory_allocated` "
-             "(`peak_alloc_mib`) or, on CPU, the process's VmHWM after a clear_refs reset at the start of the cell "
-             "(`peak_rss_mib`, includes interpreter, torch and corpus; not comparable with CUDA numbers). Baselines "
-             "run in the flavour shown. See attention_zoo/experiments/table5_gpt2.py for presets and the DAMCHA "
-             "generator configuration."]
-    if "eval_targets" in head:
-        cover = (head.dropna(subset=["eval_targets"]).groupby(["dataset", "context", "stride"])
-                 [["eval_targets", "split_targets"]].first())
-        notes += ["Final evaluation (deterministic windows): " + "; ".join(
-            f"{ds}: context {int(c)}, stride {int(s)}, {int(r.eval_targets):,} of {int(r.split_targets):,} targets "
-            "per split scored" for (ds, c, s), r in cover.iterrows())]
-    if quality["seed"].nunique() > 1:
-        ci = report.ci_table(quality[quality["metric"].isin(["test_loss", "test_bpc"]) & (quality["status"] == "ok")],
-                             ["variant", "flavor"], ["dataset", "metric"])
-        notes += ["## Test loss and bpc: mean [95 % Student-t interval] over seeds", "", report.markdown_table(ci)]
-    if not eff.empty:
-        notes += ["## Efficiency and size", "",
-                  report.markdown_table(_wide(eff), floatfmt=".1f")]
-    if not red.empty:
-        notes += ["## Test-loss change vs references (%, negative = better)", "",
-                  report.markdown_table(red.pivot_table(index="variant", columns=["dataset", "reference"],
-                                                        values="change_pct").pipe(_flat).reset_index(),
-                                        floatfmt=".2f")]
-    bad = df[df["status"] != "ok"]
-    if not bad.empty:
-        notes += ["Non-ok cells: " + "; ".join(f"{r.dataset}/{r.variant}/{r.flavor}: {r.status} {r.message}"
-                                               for r in bad.drop_duplicates(["dataset", "variant", "flavor"])
-                                               .itertuples())]
-    notes += ["## Validation and test loss (nats) and bpc"]
-    report.write_tables(out, NAME, df, wide, env, "Table 5: character-level GPT-2 pretraining", "\n\n".join(notes),
-                        best={c: "min" for c in wide.columns if c.endswith(("loss", "bpc"))}, comparison=comp)
-    _curves(out, store)
-    return comp
-
-
-def _wide(df: pd.DataFrame) -> pd.DataFrame:
-    wide = report.wide_table(df, ["variant", "flavor"], ["dataset", "metric"])
-    wide.columns = [c.replace(" | ", ": ") for c in wide.columns]  # a "|" inside a header breaks markdown tables
-    values = [c for c in wide.columns if c not in ("variant", "flavor")]
-    return wide.dropna(how="all", subset=values).reset_index(drop=True)  # pivot lists every variant × flavour
-
-
-def _flat(wide: pd.DataFrame) -> pd.DataFrame:
-    wide.columns = [f"{ds} vs {ref}" for ds, ref in wide.columns]
-    return wide
-
-
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
@@ -401,8 +271,9 @@ def _run(args, info: DistInfo) -> int:
                         prune_checkpoints(run_dir)
                 exit_code = max(exit_code, int(status == "nan"))
     if store is not None:
-        comp = write_report(out, store, env, args.preset)
+        comp, verdicts = write_report(out, store, env, args.preset, run_dir_of)
         print(report.format_comparison(comp))
+        print("\n".join(verdict_lines(verdicts)))
         print(f"{NAME}: tables and plots in {out}")
     return exit_code
 

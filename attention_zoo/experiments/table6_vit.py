@@ -38,12 +38,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import plots, report
+from .. import report
+from ..claims import verdict_lines
 from ..data.imagefolder import (
     FolderEvaluator,
     FolderSampler,
@@ -68,17 +68,14 @@ from ..engine import (
 )
 from ..engine.distributed import DistInfo, all_reduce, broadcast_object, run_distributed
 from ..envinfo import environment_record, set_seed
-from ..io import read_jsonl
 from ..measure.params import count_params
 from ..models import VisionTransformer
 from ..registry import is_attention, resolved_options_json, split_options
 from ..results import ResultStore, cell_id, ensure_out_dir
 from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
+from .table6_report import NAME, write_report
 
-NAME = "table6_vit"
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
-PAPER_METHOD = "damcha"
-PAPER = {100: {"top1": 70.93, "top5": 89.71}, 500: {"top1": 82.10, "top5": 96.23}}  # DAMCHA, % [Q]
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
@@ -323,96 +320,6 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
     return [{**common, **r} for r in rows], res
 
 
-def paper_comparison(df: pd.DataFrame, preset_name: str, dataset: str) -> pd.DataFrame:
-    """paper | ours | delta for DAMCHA's top-1/top-5; other presets are set beside the nearest paper epoch."""
-    ok = df[(df["variant"] == PAPER_METHOD) & df["metric"].isin(["top1", "top5"]) & (df["status"] == "ok")]
-    entries = []
-    for (flavor, epochs, metric), ours in ok.groupby(["flavor", "epochs", "metric"])["value"].mean().items():
-        ref = min(PAPER, key=lambda e: abs(e - epochs))
-        note = "" if preset_name == "paper" and ref == epochs else (
-            f"not comparable: paper = ImageNet ViT-B/16 at {ref} epochs; ours = {preset_name} ({dataset}, {epochs} ep)")
-        entries.append({"what": f"{PAPER_METHOD}/{flavor} top-{metric[3:]} @ {epochs} ep (%)",
-                        "paper": PAPER[ref][metric], "ours": ours, "note": note})
-    return report.comparison_frame(entries)
-
-
-def _curves(out: Path, store: ResultStore, preset_name: str) -> list[Path]:
-    """Per training length: the training loss and the validation NLL side by side, one line per variant/flavour
-    (its fixed colour, damcha_repo dashed), the mean over seeds with a 95 % Student-t band."""
-    frames = []
-    for rec in store.records():
-        cell = rec["cell"]
-        if cell["preset"] != preset_name:
-            continue
-        label = f"{cell['variant']}/{cell['flavor']}"
-        for r in read_jsonl(run_dir_of(out, cell, store.context) / "metrics.jsonl"):
-            if r.get("event") in ("train", "eval"):
-                frames.append({"epochs": cell["epochs"], "epoch": r["step"] / cell["steps_per_epoch"],
-                               "loss": r["loss"], "seed": cell["seed"], "series": label,
-                               "split": "training loss (smoothed/mixed targets)" if r["event"] == "train"
-                               else "validation NLL"})
-    if not frames:
-        return []
-    paths = []
-    for epochs, g in pd.DataFrame(frames).groupby("epochs"):
-        seeds = g["seed"].nunique()
-        band = f"mean, 95% t-interval over {seeds} seeds" if seeds > 1 else "one seed"
-        paths.append(plots.line_plot(g.sort_values("series", kind="stable"), "epoch", "loss", "series",
-                                      out / f"{NAME}_curve_{preset_name}_{epochs}ep.png",
-                                      f"Table 6 ({preset_name}, {epochs} epochs): {band}", "cross-entropy (nats)",
-                                      xlabel="epoch", panel="split"))
-    return paths
-
-
-def _rows(wide: pd.DataFrame) -> pd.DataFrame:
-    """Drop the empty variant × flavour rows of a pivot; order rows as the paper (MHA, DCMHA, DAMCHA, others) and
-    columns by epochs."""
-    values = sorted((c for c in wide.columns if c not in ("variant", "flavor")), key=lambda c: (int(c.split()[0]), c))
-    wide = wide[["variant", "flavor", *values]].dropna(how="all", subset=values)
-    rank = {v: i for i, v in enumerate(DEFAULT_VARIANTS)}
-    order = sorted(wide.index, key=lambda i: (rank.get(wide.at[i, "variant"], len(rank)), wide.at[i, "variant"],
-                                              wide.at[i, "flavor"]))
-    return wide.loc[order].reset_index(drop=True)
-
-
-def write_report(out: Path, store: ResultStore, env: dict, preset_name: str) -> pd.DataFrame:
-    df = store.frame()
-    env = store.environment(env, df)
-    df = df[df["preset"] == preset_name] if not df.empty else df
-    if df.empty:
-        return pd.DataFrame()
-    acc = df[df["metric"].isin(["top1", "top5"])]
-    acc = acc.assign(column=acc["epochs"].astype(str) + " ep: top-" + acc["metric"].str[3:] + " (%)")
-    wide = _rows(report.wide_table(acc, ["variant", "flavor"], ["column"]))
-    eff = df[df["metric"].isin(["params", "attention_params", "images_per_s", "train_time_s"])]
-    eff = _rows(report.wide_table(eff.assign(column=eff["epochs"].astype(str) + " ep: " + eff["metric"]),
-                                  ["variant", "flavor"], ["column"]))
-    eff = eff.astype({c: "Int64" for c in eff.columns if c.endswith("params")})
-    cols = [c for c in wide.columns if c not in ("variant", "flavor")]
-    dataset = df["dataset"].iloc[0]
-    comp = paper_comparison(df, preset_name, dataset)
-    seeds = sorted(int(s) for s in df["seed"].unique())
-    n_eval = "/".join(str(n) for n in sorted({int(n) for n in acc["n_eval"].dropna()})) if "n_eval" in acc else "?"
-    notes = [f"Preset `{preset_name}` ({dataset}): top-1 / top-5 accuracy (%) of the final weights on {n_eval} "
-             f"validation images, mean over seeds {', '.join(map(str, seeds))}. The paper quotes DAMCHA only: "
-             "70.93 / 89.71 at 100 epochs, 82.10 / 96.23 at 500 (ImageNet-1K, ViT-B/16). Baselines run in the "
-             "flavour shown. Presets and the training recipe: attention_zoo/experiments/table6_vit.py.",
-             "## Size and speed\n\n" + report.markdown_table(eff, floatfmt=".1f")]
-    if len(seeds) > 1:
-        ci = report.ci_table(acc[acc["status"] == "ok"], ["variant", "flavor"], ["column"])
-        notes.append("## Accuracy: mean [95 % Student-t interval] over seeds\n\n" + report.markdown_table(ci))
-    bad = df[df["status"] != "ok"]
-    if not bad.empty:
-        notes.append("Non-ok cells: " + "; ".join(f"{r.variant}/{r.flavor}/e{r.epochs}: {r.status} {r.message}"
-                                                  for r in bad.drop_duplicates(["variant", "flavor", "epochs"])
-                                                  .itertuples()))
-    notes.append("## Accuracy")
-    report.write_tables(out, NAME, df, wide, env, "Table 6: ImageNet-1K ViT classification", "\n\n".join(notes),
-                        best={c: "max" for c in cols}, comparison=comp)
-    _curves(out, store, preset_name)
-    return comp
-
-
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
@@ -462,11 +369,9 @@ def _run(args, info: DistInfo) -> int:
                         prune_checkpoints(run_dir)
                 exit_code = max(exit_code, int(res.status == "nan"))
     if store is not None:
-        comp = write_report(out, store, env, args.preset)
+        comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, DEFAULT_VARIANTS)
         print(report.format_comparison(comp))
-        for note in comp.get("note", pd.Series(dtype=str)).dropna().unique():
-            if note:
-                print(f"note: {note}")
+        print("\n".join(verdict_lines(verdicts)))
         print(f"{NAME}: tables and plots in {out}")
     return exit_code
 
