@@ -72,12 +72,16 @@ def test_appendix_fgh_cli_writes_figures_and_skips_finished_cells(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "reproduce" / "appendix_fgh.py"
-    cmd = [sys.executable, str(script), "--device", "cpu", "--out", str(tmp_path), "--steps", "4",
-           "--quiet"]
+    cmd = [sys.executable, str(script), "--device", "cpu", "--out", str(tmp_path), "--steps", "4", "--seeds", "0",
+           "1", "--quiet"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     for name in ("appendix_fgh_long.csv", "appendix_fgh.md", "appendix_fgh.env.json", "appF_adaptive_step4.png",
                  "appF_static_step0.png", "appG_grad_adaptive.png", "appG_grad_unshared.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+    long = __import__("pandas").read_csv(tmp_path / "appendix_fgh_long.csv")
+    assert {"block_norm_cv", "offdiag_to_diag", "metric_drift", "grad_grid_cv"} <= set(long["metric"])
+    assert set(long["seed"]) == {0, 1}
+    assert "F.structure" in first.stdout and "## Verdicts" in (tmp_path / "appendix_fgh.md").read_text()
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0 and second.stdout.count("(done)") == 3, second.stdout
+    assert second.returncode == 0 and second.stdout.count("(done)") == 6, second.stdout

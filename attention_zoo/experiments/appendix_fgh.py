@@ -3,12 +3,21 @@
 Three DAMCHA models are trained on the masked-patch reconstruction task (smoke: scikit-learn digits; paper:
 CIFAR-10) with the generation experiments' model and data (experiments/generation.py):
 ``adaptive`` (shared generator f(x)), ``unshared`` (one generator per layer) and ``static`` (w/o f(x): a learnable
-M0 per layer, identity init). At chosen epochs each model's ``get_M_matrices()`` (generated from the last batch's
-contexts, batch-averaged; the final prefix for this causal model) is saved and drawn as heatmaps (App. F: the
+M0 shared by the stack, identity init), each over ``--seeds`` (the figures show the first seed). At chosen epochs
+each model's ``get_M_matrices()`` (generated from the last batch's contexts, batch-averaged; the final prefix for
+this causal model) is saved and drawn as heatmaps (App. F: the
 adaptive metric's evolution; App. H: static next to adaptive). App. G: the H×H grid of ‖∂L/∂M_ij‖_F on the explicit
 path, with vs without sharing, on a fixed validation batch. Under RowSum every block of a block-row receives the same
 gradient (docs/variants.md §7.4), so each grid row is constant — the figure shows that, it does not assume it.
-Pure sharing without a layer bias gives the same M in every layer (docs/experiments.md §5).
+Pure sharing without a layer bias gives the same M in every layer (docs/experiments.md §5): such panels are drawn
+once. Per snapshot and layer the rows record the block Frobenius norms normalised per block (diagonal: over H blocks,
+off-diagonal: over H² − H, so equal blocks give a ratio of 1 — unnormalised totals would give √(H − 1)), their ratio
+and the coefficient of variation of the H×H block norms (``block_norm_cv``: 0 for a uniform metric, the "structure"
+of App. F), the relative change since the previous snapshot (``metric_drift``: the "stability" of App. H); for the
+gradients, the coefficient of variation over the whole H×H grid (``grad_grid_cv``: under
+RowSum each row is constant, so it compares heads — "uniform" in App. G is a low value) and the largest in-row
+spread (``grad_row_spread``, ≈ 0 under RowSum). The claims F.structure, G.sharing_grads and H.adaptive are decided
+from these rows, seed-paired.
 """
 
 from __future__ import annotations
@@ -19,17 +28,38 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from .. import report
+from ..claims import frame_verdicts, verdict_lines, verdict_markdown
 from ..envinfo import environment_record, resolve_device, set_seed
 from ..io import atomic_write_json
 from ..report import write_tables
 from ..results import ensure_out_dir
-from .common import base_parser, cli_main, open_store, positive_int, seed_int, setup_threads
+from .common import base_parser, cli_main, open_store, positive_int, setup_threads
 from .generation import PRESETS, DataOptions, build_model, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
 
 MODELS = {"adaptive": ({}, True), "unshared": ({}, False), "static": ({"use_mlp": False}, True)}
 SETTINGS = {"smoke": dict(dataset="digits", steps=200, snapshots=(0, 50, 200), batch=32, lr=2e-3),
             "paper": dict(dataset="cifar10", steps=None, snapshots=(1, 10, 25, 50), batch=64, lr=3e-4)}
+
+
+def _layer_index(name: str) -> int:
+    """The stack position in a metric's name ("layers.3.attn.M" -> 3)."""
+    parts = name.split(".")
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else 0
+
+
+def block_rows(M: torch.Tensor, H: int) -> list[dict]:
+    """Rows of one D×D metric: per-block normalised diagonal / off-diagonal norms, their ratio, block-norm CV."""
+    blocks = M.reshape(H, M.shape[0] // H, H, M.shape[1] // H).permute(0, 2, 1, 3)  # (H, H, dh, dh)
+    norms = blocks.flatten(2).norm(dim=-1)  # (H, H): ‖M_ij‖_F
+    eye = torch.eye(H, dtype=torch.bool)
+    diag = float(norms[eye].square().mean().sqrt())  # RMS over the H diagonal blocks
+    off = float(norms[~eye].square().mean().sqrt())  # RMS over the H² − H off-diagonal blocks
+    return [{"metric": "diag_block_fro", "value": diag, "unit": "Frobenius per block (RMS)"},
+            {"metric": "offdiag_block_fro", "value": off, "unit": "Frobenius per block (RMS)"},
+            {"metric": "offdiag_to_diag", "value": off / diag if diag else math.nan, "unit": "ratio (1: equal blocks)"},
+            {"metric": "block_norm_cv", "value": float(norms.std() / norms.mean()), "unit": "std / mean"}]
 
 
 def _train_with_snapshots(model, data, s: dict, snap_steps: list[int], device, progress: bool) -> dict[int, list]:
@@ -71,53 +101,67 @@ def run(args) -> dict:
     store = open_store(args, "appendix_fgh", device, env, variants=("damcha",), settings=s)
     val_batch = tuple(t.to(device) for t in next(iter(data.batches("val", 16)())))
     paths = {}
-    for label, (opts, share) in MODELS.items():
-        cell = {"model": label, "preset": args.preset, "seed": args.seed, "snapshots": snap_steps}
+    for seed, (label, (opts, share)) in ((s_, m) for s_ in args.seeds for m in MODELS.items()):
+        cell = {"model": label, "preset": args.preset, "seed": seed, "snapshots": snap_steps}
         if not store.claim(cell):
-            print(f"skip {label} (done)")
+            print(f"skip {label} seed {seed} (done)")
             continue
         t0 = time.perf_counter()
-        set_seed(args.seed)
+        figures = seed == args.seeds[0]
+        set_seed(seed)
         model = build_model(data, "damcha", "paper", p, options=opts, share_mlp=share).to(device)
         snaps = _train_with_snapshots(model, data, s, snap_steps, device, not args.quiet)
         H = p.n_heads
-        rows = []
-        for step, mats in snaps.items():
+        rows, last_M = [], {}
+        for step, mats in sorted(snaps.items()):
             epoch = step / steps_per_epoch
-            metric_heatmaps(mats, args.out / f"appF_{label}_step{step}.png",
-                            f"DAMCHA {label}: get_M_matrices() at step {step} (epoch {epoch:.2f})", n_heads=H)
+            if figures:
+                metric_heatmaps(mats, args.out / f"appF_{label}_step{step}.png",
+                                f"App. {'H' if label == 'static' else 'F'} ({args.preset}: {s['dataset']}, seed "
+                                f"{seed}): DAMCHA {label}, get_M_matrices() after {step} steps (epoch {epoch:.2f})",
+                                n_heads=H)
             for name, M in mats:
-                off = M.reshape(H, -1, H, M.shape[0] // H).clone()
-                diag = torch.stack([off[i, :, i] for i in range(H)])
-                for i in range(H):
-                    off[i, :, i] = 0
-                rows += [{"step": step, "layer": name, "metric": "diag_block_fro", "value": float(diag.norm()),
-                          "unit": "Frobenius"},
-                         {"step": step, "layer": name, "metric": "offdiag_block_fro", "value": float(off.norm()),
-                          "unit": "Frobenius"}]
+                prev = last_M.get(name)
+                drift = float((M - prev).norm() / prev.norm()) if prev is not None and prev.norm() > 0 else math.nan
+                last_M[name] = M
+                rows += [{"step": step, "layer": name, "layer_index": _layer_index(name), **r}
+                         for r in [*block_rows(M, H), {"metric": "metric_drift", "value": drift,
+                                                      "unit": "‖M − M_previous snapshot‖ / ‖M_previous‖"}]]
         if label != "static":
             grids = block_gradient_norms(model, lambda m: data.loss_fn(val_batch, m(*val_batch[:-1])))
-            gradient_grid_plot(grids, args.out / f"appG_grad_{label}.png",
-                               f"‖∂L/∂M_ij‖_F, {'with' if share else 'without'} sharing (explicit path)")
-            atomic_write_json(args.out / f"appG_grad_{label}.json", {k: v.tolist() for k, v in grids.items()})
+            if figures:
+                gradient_grid_plot(grids, args.out / f"appG_grad_{label}.png",
+                                   f"App. G ({args.preset}: {s['dataset']}, seed {seed}): ‖∂L/∂M_ij‖_F "
+                                   f"{'with' if share else 'without'} sharing after {max(snaps)} steps, one "
+                                   "validation batch (explicit path)")
+                atomic_write_json(args.out / f"appG_grad_{label}.json", {k: v.tolist() for k, v in grids.items()})
             for name, g in grids.items():
-                rows.append({"step": max(snaps), "layer": name, "metric": "grad_row_spread",
-                             "value": float((g - g[:, :1]).abs().max() / g.abs().max()), "unit": "relative"})
+                rows += [{"step": max(snaps), "layer": name, "metric": "grad_row_spread",
+                          "value": float((g - g[:, :1]).abs().max() / g.abs().max()), "unit": "relative"},
+                         {"step": max(snaps), "layer": name, "metric": "grad_grid_cv",
+                          "value": float(g.std() / g.mean()), "unit": "std / mean"}]
         store.add(cell, [{**r, "status": "ok", "device": str(device)} for r in rows])
         print(f"{label}: {time.perf_counter() - t0:.1f} s")
     df = store.frame()
     env = store.environment(env, df)
-    wide = df[df["metric"] != "grad_row_spread"].pivot_table(index=["model", "layer", "step"], columns="metric",
-                                                              values="value").reset_index()
+    grad = df["metric"].isin(["grad_row_spread", "grad_grid_cv"])
+    wide = report.ci_table(df[~grad], ["model", "layer", "step"], ["metric"], floatfmt=".4g")
+    verdicts = frame_verdicts("appendix_fgh", args.preset, df, store.path, store.context_id)
+    notes = [f"Preset `{args.preset}` ({s['dataset']}); n = {df['seed'].nunique()} seeds per model; tables: mean "
+             "[95 % interval] (n) over seeds.", __doc__.split("\n\n", 1)[1],
+             "## Verdicts on the paper's claims (Appendices F–H)", "", verdict_markdown(verdicts),
+             "## Gradient grids (last snapshot)", "",
+             report.markdown_table(report.ci_table(df[grad], ["model", "layer", "step"], ["metric"], floatfmt=".4g")),
+             "## Metric blocks per snapshot"]
     paths.update(write_tables(args.out, "appendix_fgh", df, wide, env, "Appendices F–H: DAMCHA metrics",
-                              notes=__doc__.split("\n\n", 1)[1], floatfmt=".4g"))
+                              notes="\n\n".join(notes), floatfmt=".4g"))
+    print("\n".join(verdict_lines(verdicts)))
     return paths
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser("appendix_fgh", __doc__.split("\n\n")[0], seeds=False, variants=False)  # DAMCHA only
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed of the three models, in 0 … 2**32 − 1")
+    p = base_parser("appendix_fgh", __doc__.split("\n\n")[0], default_seeds=[0, 1, 2, 3, 4], variants=False)
     p.add_argument("--data-dir", default=None, help="CIFAR-10 location for the paper preset")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="override the training length (optimizer steps)")

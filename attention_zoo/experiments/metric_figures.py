@@ -20,45 +20,65 @@ from ..variants.damcha import block_gradient_norms, explicit_rowsum, metric_gene
 __all__ = ["block_gradient_norms", "explicit_rowsum", "gradient_grid_plot", "metric_generators", "metric_heatmaps"]
 
 
+def _dedupe(mats: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    """Identical metrics (pure sharing without a layer bias: every layer's M is the same) become one panel."""
+    out: list[tuple[str, Tensor]] = []
+    for name, M in mats:
+        for i, (other, N) in enumerate(out):
+            if M.shape == N.shape and bool((M == N).all()):
+                out[i] = (f"{other} = {name}", N)
+                break
+        else:
+            out.append((name, M))
+    return out
+
+
 def metric_heatmaps(matrices: list[tuple[str, Tensor]], path: str | Path, title: str, n_heads: int | None = None,
                     max_panels: int = 12) -> Path:
-    """One heatmap per (layer, M), shared symmetric colour limits, head-block grid lines."""
+    """One equal-sized heatmap per distinct (layer, M), each with its own symmetric colour limits and colour bar
+    (so a small layer is not washed out by a large one), head-block grid lines."""
     plt, sns = _plt()
-    mats = matrices[:max_panels]
+    mats = _dedupe(matrices)[:max_panels]
     if not mats:
         raise ValueError("matrices: nothing to plot (baselines have no metric)")
     cols = min(4, len(mats))
     rows = math.ceil(len(mats) / cols)
-    vmax = max(float(M.abs().max()) for _, M in mats) or 1.0
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows), squeeze=False)
     for ax, (name, M) in zip(axes.flat, mats):
+        vmax = float(M.abs().max()) or 1.0
         sns.heatmap(M.detach().cpu().numpy(), ax=ax, cmap="RdBu_r", vmin=-vmax, vmax=vmax, center=0.0, square=True,
-                    xticklabels=False, yticklabels=False, cbar=ax is axes.flat[len(mats) - 1])
+                    xticklabels=False, yticklabels=False, cbar_kws={"shrink": 0.75})
         if n_heads:
             step = M.shape[0] // n_heads
             for k in range(1, n_heads):
                 ax.axhline(k * step, color="k", lw=0.3)
                 ax.axvline(k * step, color="k", lw=0.3)
-        ax.set_title(name, fontsize=7)
+        ax.set_title(f"{name}\n(colour limits ±{vmax:.3g})", fontsize=7)
     for ax in list(axes.flat)[len(mats):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return out
 
 
 def gradient_grid_plot(grids: dict[str, Tensor], path: str | Path, title: str) -> Path:
+    """The H×H grids of ‖∂L/∂M_ij‖_F on one shared colour scale (so a gap between layers shows), each panel's own
+    maximum in its title."""
     plt, sns = _plt()
     names = list(grids)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
-    for ax, name in zip(axes.flat, names):
+    vmax = max(float(grids[n].max()) for n in names) or 1.0
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names) + 0.8, 3.4), squeeze=False)
+    for k, (ax, name) in enumerate(zip(axes.flat, names)):
         g = grids[name].detach().cpu().numpy()
-        sns.heatmap(g, ax=ax, cmap="viridis", square=True)
-        ax.set_xlabel("block column j")
-        ax.set_ylabel("block row i")
-        ax.set_title(name, fontsize=7)
+        sns.heatmap(g, ax=ax, cmap="viridis", square=True, vmin=0.0, vmax=vmax, cbar=k == len(names) - 1,
+                    cbar_kws={"label": "‖∂L/∂M_ij‖_F (shared scale)", "shrink": 0.75})
+        ax.set_xlabel("block column j", fontsize=8)
+        ax.set_ylabel("block row i", fontsize=8)
+        ax.set_title(f"{name} (max {float(g.max()):.3g})", fontsize=7)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return out
