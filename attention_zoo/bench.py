@@ -6,6 +6,10 @@ interleaved rounds (A B C … A B C …) until each has at least ``min_repeats``
 timed work, with the noise guard of ``measure.latency`` (IQR/median, machine load); peak memory is measured per case
 and mode in a fresh process on CPU (peak RSS) or with ``max_memory_allocated`` on CUDA; FLOPs are the modules'
 analytic count and FlopCounterMode's. Every row says its unit in the column name (``_ms``, ``_mib``, ``_gflop``).
+
+``python -m attention_zoo.bench train …`` is the training-throughput mode: training steps per CPU-second of the
+synthetic cells per arm and path (the legacy per-cell loop, the per-seed loop, the grouped seed ensemble;
+``experiments/train_speed.py``).
 """
 
 from __future__ import annotations
@@ -268,6 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/train_speed.py)
+        from .experiments.train_speed import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     for arg, path in (("results-file", args.results_file), ("plot", args.plot)):  # before any work
         if path is not None:

@@ -112,3 +112,20 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
     for fig in ("figure12_r2.png", "figure12_gain.png", "figure13_accuracy.png", "figure13_gain.png",
                 "synthetic_budget_gain_regression.png"):
         assert (tmp_path / fig).stat().st_size > 0, fig
+
+
+def test_training_throughput_mode_reports_every_path(tmp_path, capsys):
+    from attention_zoo import bench
+
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["train", "--variants", "mha,tha", "--seeds", "2", "--steps", "2", "--rounds", "1",
+                           "--warmup", "0", "--csv", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    df = pd.read_csv(tmp_path / "t.csv")
+    ok = df[df["status"] == "ok"]
+    assert set(ok[ok["variant"] == "mha"]["path"]) == {"legacy", "per-seed", "ensemble"}
+    assert set(ok[ok["variant"] == "tha"]["path"]) == {"legacy", "per-seed"}  # no ensemble, and it says why
+    assert df[(df["variant"] == "tha") & (df["status"] == "unsupported")]["message"].str.startswith("model:").all()
+    assert (ok["seed_steps_per_cpu_s"] > 0).all() and "has no ensemble path" in (tmp_path / "t.md").read_text()

@@ -175,11 +175,7 @@ class Group:
     def _run(self, net: nn.Module, idx: list[int], ckpt: Path | None, stop_at: int | None):
         fit, S = self.fit, len(idx)
         data = {k: v[idx] for k, v in self.data.items()}
-        orders = self.orders[idx]
-        grouped = net is self.net
-        params = [p for p in net.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay, foreach=True)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, fit.lr_factor)
+        step_fn, opt, sched = self.stepper(net, idx)
         st = {"step": 0, "best_val": [math.inf] * S, "best_step": [0] * S, "bad": [0] * S, "stopped": [False] * S,
               "stop_step": [None] * S,
               "best_test": [None] * S, "budget": [{} for _ in range(S)], "curve": [[] for _ in range(S)],
@@ -192,25 +188,12 @@ class Group:
             st = saved["state"]
         best_state = st["best_state"] or {k: v.detach().clone() for k, v in net.state_dict().items()}
         evals, budgets = fit.eval_steps(), {max(1, round(f * fit.max_steps)): f for f in fit.budget_fracs}
-        rows_ix = torch.arange(S, device=self.device)[:, None]
         net.train()
         t0, c0 = time.perf_counter(), time.process_time()
         step, pending = st["step"], list(st.get("pending") or [])  # losses since the last evaluation
         while step < fit.max_steps and not all(st["stopped"]):
-            xb = data["x_train"][rows_ix, orders[:, step]]  # (S, B, T, D)
-            yb = data["y_train"][rows_ix, orders[:, step]]  # (S, B)
-            out, aux = net(xb.reshape(-1, *xb.shape[2:]))
-            losses = _losses(out, yb, self.regression, S)
-            opt.zero_grad(set_to_none=True)
-            (losses.sum() + aux).backward()
-            if grouped:
-                clip_per_seed(params, 1.0)
-            else:
-                nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-            opt.step()
-            sched.step()
+            pending.append(step_fn(step))
             step += 1
-            pending.append(losses.detach())
             if step in evals:
                 self._evaluate(net, data, st, step, budgets.get(step), best_state, torch.stack(pending))
                 pending = []
@@ -232,6 +215,33 @@ class Group:
             ckpt.unlink()
         # A seed's own steps: where patience stopped it (the group may train on for the others), else the last.
         return [self._rows(st, s, idx[s], st["stop_step"][s] or step, cpu / S, wall / S) for s in range(S)]
+
+    def stepper(self, net: nn.Module, idx: list[int]):
+        """(step(i) -> per-seed losses [S], optimizer, scheduler) for seeds ``idx`` of ``net`` (the grouped model
+        or one seed's own): one optimizer update on each seed's batch ``i``, with no host synchronisation."""
+        S, fit = len(idx), self.fit
+        x, y, orders = self.data["x_train"][idx], self.data["y_train"][idx], self.orders[idx]
+        grouped = net is self.net
+        params = [p for p in net.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay, foreach=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, fit.lr_factor)
+        rows_ix = torch.arange(S, device=self.device)[:, None]
+
+        def step(i: int) -> Tensor:
+            xb, yb = x[rows_ix, orders[:, i]], y[rows_ix, orders[:, i]]  # (S, B, T, D), (S, B)
+            out, aux = net(xb.reshape(-1, *xb.shape[2:]))
+            losses = _losses(out, yb, self.regression, S)
+            opt.zero_grad(set_to_none=True)
+            (losses.sum() + aux).backward()
+            if grouped:
+                clip_per_seed(params, 1.0)
+            else:
+                nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            opt.step()
+            sched.step()
+            return losses.detach()
+
+        return step, opt, sched
 
     @torch.no_grad()
     def _evaluate(self, net, data, st, step, budget, best_state, pending: Tensor) -> None:
