@@ -220,9 +220,9 @@ def test_no_orphan_workers_after_sigkill_of_parent(tmp_path, kind):
             import os, time
             from concurrent.futures import ProcessPoolExecutor
             from multiprocessing import get_context
-            from attention_zoo.experiments.synthetic import _init_worker
+            from attention_zoo.experiments.launchers import _init_worker
             pool = ProcessPoolExecutor(2, mp_context=get_context("fork"), initializer=_init_worker,
-                                       initargs=(1, os.getpid()))
+                                       initargs=(os.getpid(), None))
             futs = [pool.submit(time.sleep, 60) for _ in range(2)]
             time.sleep(1.0)
             print(" ".join(str(p) for p in pool._processes), flush=True)

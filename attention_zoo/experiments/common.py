@@ -20,6 +20,7 @@ from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads r
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, parse_option_rows, resolved_options, select_attentions
 from ..results import ResultStore
+from .protocol import LAUNCH_OPTIONS
 
 PRESETS = ("smoke", "paper")
 
@@ -59,7 +60,8 @@ def base_parser(name: str, description: str, default_seeds: list[int] | None = N
 
 # Options that only pick which cells run or where they go, or whose effect the environment fingerprint records
 # (device, threads); everything else a script parses can change numbers.
-SELECTION_OPTIONS = ("out", "quiet", "fresh", "variants", "flavour", "seeds", "include", "device", "threads")
+SELECTION_OPTIONS = ("out", "quiet", "fresh", "variants", "flavour", "seeds", "include", "device", "threads",
+                     *LAUNCH_OPTIONS)
 
 
 def run_context(args: argparse.Namespace, device: torch.device | str, *, dtype: str = "float32",

@@ -15,24 +15,20 @@ regression, ``--de`` → classification); naming neither runs both at the preset
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..envinfo import environment_record, resolve_device
 from ..measure.status import free_memory, is_oom, short_message
 from ..registry import resolved_options_json, split_options
-from ..results import ResultStore, digest
-from ..workers import die_with_parent
+from ..results import digest
 from .common import (
     base_parser,
     cli_main,
@@ -43,6 +39,7 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
+from .protocol import Plan, add_launcher_arguments, default_workers, execute
 from .synthetic_fit import Fit, Group, Task
 from .synthetic_report import METRIC, NAME, print_summary, write_report
 
@@ -137,80 +134,33 @@ def groups_of(cells: list[dict]) -> list[list[dict]]:
     return sorted(by.values(), key=lambda g: -g[0]["d_e"])
 
 
-# ---- running groups -------------------------------------------------------------------------------------------
+# ---- one unit: the seeds of one (task, setting, arm) -------------------------------------------------------------
 def _fail_rows(cell: dict, status: str, message: str) -> list[dict]:
     unit = "mse" if cell["task"] == "regression" else "fraction"
     return [{"metric": METRIC[cell["task"]], "value": math.nan, "unit": unit, "status": status, "message": message}]
 
 
-def run_group(cells: list[dict], preset: Preset, device: str, ckpt_dir: str | None, ensemble: bool,
-              stop_at: int | None = None) -> tuple[list[dict], list[list[dict]] | None, str]:
-    """Worker entry: (cells, rows per cell or None, error). An OOM is a result; other failures go back."""
+def group_rows(cells: list[dict], preset: Preset, device: str, ckpt_dir: str | None, ensemble: bool,
+               stop_at: int | None = None) -> list[list[dict]] | None:
+    """A work unit (protocol.Plan.work): rows per cell of one group of seeds; an OOM is a result; None when
+    ``stop_at`` interrupted it (its checkpoint resumes it)."""
+    first = cells[0]
     try:
-        first = cells[0]
         group = Group(task_of(first, preset), first["variant"], first["flavor"], [c["seed"] for c in cells],
                       preset.n_layers, preset.attention_options, preset.fit, torch.device(device), ensemble)
-        ckpt = None if ckpt_dir is None else Path(ckpt_dir) / f"{_group_id(cells)}.pt"
-        rows = group.train(ckpt, stop_at)
-        return cells, rows, "" if rows is not None else "interrupted"
-    except Exception as exc:  # noqa: BLE001 - an OOM becomes a row; other errors go back to the parent
-        if is_oom(exc):
-            free_memory(device)
-            return cells, [_fail_rows(c, "oom", short_message(exc)) for c in cells], ""
-        return cells, None, short_message(exc)
+        ckpt = None if ckpt_dir is None else Path(ckpt_dir) / f"{digest(cells)}.pt"
+        return group.train(ckpt, stop_at)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        free_memory(device)
+        return [_fail_rows(c, "oom", short_message(exc)) for c in cells]
 
 
-def _group_id(cells: list[dict]) -> str:
-    return digest(cells)
-
-
-def _init_worker(threads: int, parent: int) -> None:
-    die_with_parent(parent)  # a killed parent leaves no worker behind
-    torch.set_num_threads(threads)
-
-
-def run_cells(cells: list[dict], store: ResultStore, preset: Preset, device: torch.device, workers: int,
-              threads: int, quiet: bool, ensemble: bool = True, ckpt_dir: Path | None = None) -> list[str]:
-    """Run the unfinished cells group by group, storing each cell as its group completes; error messages back."""
-    todo = [c for c in cells if store.claim(c)]  # not done, and not being run by another process on this --out
-    groups = groups_of(todo)
-    errors: list[str] = []
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=NAME, disable=quiet, unit="cell")
-
-    def finish(group, rows, err):
-        for cell, r in zip(group, rows or [None] * len(group)):
-            if r is not None:
-                store.add(cell, r)
-            else:
-                store.release(cell)
-        if rows is None:
-            c = group[0]
-            errors.append(f"{c['task']}/{c['variant']}/{c['flavor']}/λ={c['lam']}/d_e={c['d_e']} "
-                          f"(seeds {', '.join(str(x['seed']) for x in group)}): {err}")
-        bar.update(len(group))
-
-    args = (preset, str(device), None if ckpt_dir is None else str(ckpt_dir), ensemble)
-    try:
-        if workers <= 1 or len(groups) <= 1:
-            for g in groups:
-                finish(*run_group(g, *args))
-        else:
-            # fork (Linux, CPU) skips re-importing torch in every worker; CUDA needs spawn.
-            method = "fork" if sys.platform == "linux" and device.type == "cpu" else "spawn"
-            with ProcessPoolExecutor(workers, mp_context=get_context(method), initializer=_init_worker,
-                                     initargs=(threads, os.getpid())) as pool:
-                futures = [pool.submit(run_group, g, *args) for g in groups]
-                try:
-                    for fut in as_completed(futures):
-                        finish(*fut.result())
-                finally:  # on Ctrl-C the finished groups are stored; queued ones are dropped
-                    for f in futures:
-                        f.cancel()
-    finally:  # claims of cells not run (Ctrl-C, a crash) go back
-        for cell in todo:
-            store.release(cell)
-        bar.close()
-    return errors
+def _describe(unit: list[dict]) -> str:
+    c = unit[0]
+    return (f"{c['task']}/{c['variant']}/{c['flavor']}/λ={c['lam']}/d_e={c['d_e']} "
+            f"(seeds {', '.join(str(x['seed']) for x in unit)})")
 
 
 # ---- CLI ------------------------------------------------------------------------------------------------------
@@ -232,6 +182,7 @@ def build_parser():
                         "on cuda)")
     p.add_argument("--no-ensemble", dest="ensemble", action="store_false",
                    help="train the seeds one at a time (the per-seed path; same results, slower)")
+    add_launcher_arguments(p)
     p.epilog = ("Defaults: the preset's arms (smoke/paper: every registered variant; decide: mha, damcha and the "
                 "control arms), baselines in the paper flavour (--flavour both adds the damcha_repo versions), the "
                 "preset's seeds (smoke/paper 0-4, decide 0-9). Example: python reproduce/synthetic.py --lambda 0.2 "
@@ -246,15 +197,14 @@ def resolve_preset(args) -> Preset:
     return preset
 
 
-def run(args) -> int:
-    """Run the grid and write the report; 0, or 1 if a group failed (not stored: a rerun retries it)."""
+def plan(args) -> Plan:
+    """The protocol's plan: the groups of pending cells, how one is trained, and the report."""
     t0 = time.perf_counter()
     device = resolve_device(args.device)
     preset = resolve_preset(args)
     cells = build_cells(args, preset, args.preset)
-    cpus = os.cpu_count() or 1
-    workers = args.workers or (min(cpus, 8) if device.type == "cpu" else 1)
-    threads = args.threads or max(1, cpus // workers)
+    workers = default_workers(device.type, args.workers)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
     setup_threads(threads)
     out, tag = Path(args.out), config_tag(args.preset, preset)
     env = environment_record(device, preset=args.preset, config=tag, workers=workers, threads_per_worker=threads,
@@ -263,20 +213,23 @@ def run(args) -> int:
     store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "workers", "ensemble"),
                        preset=asdict(preset))
     n_todo = len(store.pending(cells))
-    try:
-        errors = run_cells(cells, store, preset, device, workers, threads, args.quiet, args.ensemble,
-                           out / "_cache" / "groups")
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted; finished cells are stored in {store.path}, rerun to continue", file=sys.stderr)
-        return 130
-    store.refresh()
-    summary = write_report(out, store, env, tag)  # every cell of this context: sweeps accumulate
-    print_summary(summary)
-    print(f"{NAME}: {len(cells)} cells ({n_todo} run now, {workers} workers × {threads} threads) in "
-          f"{time.perf_counter() - t0:.0f} s; tables and plots in {out}")
-    for e in errors:
-        print(f"{NAME}: failed group {e}", file=sys.stderr)
-    return int(bool(errors))
+
+    def finish() -> int:
+        summary = write_report(out, store, env, tag)  # every cell of this context: sweeps accumulate
+        print_summary(summary)
+        print(f"{NAME}: {len(cells)} cells ({n_todo} run now, {workers} workers × {threads} threads) in "
+              f"{time.perf_counter() - t0:.0f} s; tables and plots in {out}")
+        return 0
+
+    work = functools.partial(group_rows, preset=preset, device=str(device), ckpt_dir=str(out / "_cache" / "groups"),
+                             ensemble=args.ensemble)
+    return Plan(store, groups_of(cells), work, finish, workers=workers,
+                worker_init=functools.partial(torch.set_num_threads, threads), describe=_describe)
+
+
+def run(args) -> int:
+    """Run the grid and write the report; 0, or 1 if a group failed (not stored: a rerun retries it)."""
+    return execute(plan(args), args, NAME)
 
 
 @cli_main

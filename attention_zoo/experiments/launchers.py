@@ -1,0 +1,190 @@
+"""Where the units of a plan run: this machine (``local``) or a Slurm cluster through submitit (``submitit``).
+
+Both yield ``(unit, rows per cell or None, error)`` as units finish; the driver (``protocol.execute``) stores them.
+
+submitit: the units go out as one job array (``AutoExecutor.map_array``; ``--slurm-array-parallelism`` at once). A job
+computes its unit and writes the rows as JSON with their SHA-256 into ``<out>/_cache/submitit/results/<unit>.json``
+(atomically); the driver reads only that file — never a pickle — and verifies the hash. A job that fails or is lost is
+resubmitted up to ``--slurm-retries`` times, then its cells are stored as ``error`` rows with the job's last log
+lines. A preempted or timed-out Slurm job requeues itself (submitit's checkpointing: the unit is re-run, and the
+experiments' own checkpoints make it resume). When the driver is killed the jobs run on; a rerun first collects
+every unit whose result file is there and submits only the rest, so nothing is lost and no cell is stored twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..io import atomic_write_text
+from ..registry import _parse_value
+from ..results import digest
+from ..workers import die_with_parent
+
+
+def launcher_for(args, plan, name: str):
+    if getattr(args, "launcher", "local") == "submitit":
+        return SubmititLauncher(args, plan.store.out_dir / "_cache" / "submitit", name)
+    return LocalLauncher()
+
+
+# ---- local ----------------------------------------------------------------------------------------------------------
+def _init_worker(parent: int, init) -> None:
+    die_with_parent(parent)  # a killed driver leaves no worker behind
+    if init is not None:
+        init()
+
+
+def _call(work, unit):
+    try:
+        rows = work(unit)
+        return unit, rows, "" if rows is not None else "interrupted"
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which releases the unit's cells
+        return unit, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+class LocalLauncher:
+    """In this process, or ``plan.workers`` forked processes (spawned on CUDA) that die with the driver."""
+
+    def run(self, units: list[list[dict]], plan):
+        if plan.workers <= 1 or len(units) <= 1:
+            if plan.worker_init is not None:
+                plan.worker_init()
+            for unit in units:
+                yield _call(plan.work, unit)
+            return
+        method = "fork" if sys.platform == "linux" else "spawn"
+        with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
+                                 initargs=(os.getpid(), plan.worker_init)) as pool:
+            futures = [pool.submit(_call, plan.work, u) for u in units]
+            try:
+                for fut in as_completed(futures):
+                    yield fut.result()
+            finally:  # on Ctrl-C the finished units are stored; queued ones are dropped
+                for f in futures:
+                    f.cancel()
+
+
+# ---- submitit -------------------------------------------------------------------------------------------------------
+def _rows_digest(rows) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_result(path: Path):
+    """A unit's rows from its result file, or None (missing, torn or failing its hash)."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or "rows" not in rec or rec.get("sha256") != _rows_digest(rec["rows"]):
+        return None
+    return rec["rows"]
+
+
+class UnitJob:
+    """The job's callable: compute a unit, write its verified result file. On Slurm preemption or timeout submitit
+    calls ``checkpoint`` and requeues the same call (the experiments' checkpoints make the unit resume)."""
+
+    def __init__(self, work, init=None):
+        self.work, self.init = work, init
+
+    def __call__(self, unit: list[dict], path: str) -> str:
+        if self.init is not None:  # e.g. the plan's thread count, as a local worker gets it
+            self.init()
+        rows = self.work(unit)
+        if rows is None:
+            raise RuntimeError("the unit was interrupted")
+        atomic_write_text(path, json.dumps({"rows": rows, "sha256": _rows_digest(rows)}, default=str))
+        return path
+
+    def checkpoint(self, unit: list[dict], path: str):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(UnitJob(self.work, self.init), unit, path)
+
+
+def _extra(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"slurm-extra: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
+class SubmititLauncher:
+    def __init__(self, args, folder: Path, name: str):
+        try:
+            import submitit
+        except ImportError:
+            raise ValueError("launcher: submitit is not installed (pip install attention_zoo[cluster])") from None
+        self.args, self.folder, self.name, self.submitit = args, Path(folder), name, submitit
+        self.results = self.folder / "results"
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.retries = max(0, int(args.slurm_retries))
+
+    def executor(self):
+        a = self.args
+        ex = self.submitit.AutoExecutor(folder=self.folder / "jobs", cluster=a.submitit_cluster)
+        params = {"timeout_min": a.slurm_time, "name": self.name, "slurm_array_parallelism": a.slurm_array_parallelism}
+        if a.slurm_partition:
+            params["slurm_partition"] = a.slurm_partition
+        if a.slurm_gpus_per_task is not None:
+            params["slurm_gpus_per_task"] = a.slurm_gpus_per_task
+        ex.update_parameters(**params, **_extra(a.slurm_extra))
+        return ex
+
+    def path(self, unit, plan) -> Path:
+        return self.results / f"{digest([plan.store.key(c) for c in unit])}.json"
+
+    def run(self, units: list[list[dict]], plan):
+        waiting = []
+        for unit in units:  # collected from an earlier driver's jobs, never recomputed
+            rows = read_result(self.path(unit, plan))
+            if rows is not None:
+                yield unit, rows, ""
+            else:
+                waiting.append(unit)
+        if not waiting:
+            return
+        ex = self.executor()
+        job = UnitJob(plan.work, plan.worker_init)
+        jobs = ex.map_array(job, waiting, [str(self.path(u, plan)) for u in waiting])
+        live = [(u, j, 0) for u, j in zip(waiting, jobs)]
+        while live:
+            time.sleep(0.2)
+            still = []
+            for unit, j, tries in live:
+                if not j.done():
+                    still.append((unit, j, tries))
+                    continue
+                rows = read_result(self.path(unit, plan))
+                if rows is not None:
+                    yield unit, rows, ""
+                elif tries < self.retries:
+                    still.append((unit, ex.submit(job, unit, str(self.path(unit, plan))), tries + 1))
+                else:
+                    yield unit, [_error_rows(_log_tail(j), tries + 1)] * len(unit), ""
+            live = still
+
+
+def _log_tail(job) -> str:
+    try:
+        text = job.stderr() or ""
+    except Exception:  # noqa: BLE001 - the log may be gone with the node
+        text = ""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return " | ".join(lines[-2:])[-300:] or f"job {job.job_id} ended without a result ({job.state})"
+
+
+def _error_rows(message: str, attempts: int) -> list[dict]:
+    return [{"metric": "job", "value": math.nan, "unit": "", "status": "error",
+             "message": f"failed {attempts} time(s): {message}"}]

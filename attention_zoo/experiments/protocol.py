@@ -1,0 +1,146 @@
+"""One protocol for every experiment: its cells, how a unit of cells is computed, and where the units run.
+
+An experiment module exposes ``build_parser()`` and ``plan(args) -> Plan``: the result store (the driver is its only
+writer), the pending cells grouped into work units (a unit is one cell, or the seeds of a grouped ensemble), a
+picklable ``work(unit) -> rows per cell`` and ``finish() -> exit code`` (the report and the verdicts). ``execute``
+runs a plan: it claims the cells (two drivers on one ``--out`` never compute the same cell), hands the units to a
+launcher, stores each unit's rows as they arrive and releases what did not finish, so an interrupted run loses
+nothing and a rerun computes only what is missing.
+
+Launchers (``--launcher``): ``local`` (this process, or ``--workers`` processes) and ``submitit`` (Slurm through
+submitit's ``AutoExecutor``, one job per unit in a job array, ``launchers.py``). The registry ``EXPERIMENTS`` lists
+every experiment in the order ``reproduce/all.py`` runs them (Appendix E reads Table 1's per-sample files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from ..results import ResultStore
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A reproduce script: ``name`` (its store, results folder and ``reproduce/<name>.py``), what it reproduces and
+    its presets; ``units``: "cells" when ``plan`` fans cells out (the launcher applies), "run" when the script
+    measures on one machine as a whole (timings; a cluster launch runs the whole script as one job)."""
+
+    name: str
+    title: str
+    presets: tuple[str, ...] = ("smoke", "paper")
+    units: str = "cells"
+    module: str = ""
+
+    def load(self):
+        return importlib.import_module(self.module or f"{__package__}.{self.name}")
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("table2_efficiency", "Table 2: efficiency", units="run"),
+    Experiment("table7_complexity", "Table 7: complexity and measured scaling", units="run"),
+    Experiment("synthetic", "Figures 12–13: synthetic sweeps", presets=("smoke", "decide", "paper")),
+    Experiment("table5_gpt2", "Table 5: character-level GPT-2 pretraining"),
+    Experiment("table1_generation", "Table 1: decoder-only generation"),
+    Experiment("appendix_e_kde", "Appendix E: KDEs of per-sample scores", units="run"),
+    Experiment("table3_depth_blocks", "Table 3: generator depth × block ablation"),
+    Experiment("table4_ablation", "Table 4: input adaptivity × sharing ablation"),
+    Experiment("table6_vit", "Table 6: ViT classification"),
+    Experiment("appendix_fgh", "Appendices F–H: DAMCHA's metric"),
+    Experiment("rowsum_analysis", "DAMCHA under RowSum", units="run"),
+)}
+
+
+@dataclass
+class Plan:
+    """What ``execute`` needs: the store, the work units, how to compute one, and how to report."""
+
+    store: ResultStore
+    units: list[list[dict]]
+    work: Callable[[list[dict]], list[list[dict]] | None]  # None: interrupted (resumable)
+    finish: Callable[[], int]
+    workers: int = 1
+    worker_init: Callable[[], None] | None = None
+    describe: Callable[[list[dict]], str] = field(default=lambda unit: f"{len(unit)} cell(s)")
+
+
+def add_launcher_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--launcher`` and the submitit options, shared by every experiment."""
+    g = p.add_argument_group("launcher (docs/cluster.md)")
+    g.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                   help="local: this machine; submitit: Slurm through submitit's AutoExecutor, one job per unit of "
+                        "cells (needs `pip install attention_zoo[cluster]`)")
+    g.add_argument("--slurm-partition", default=None, help="Slurm partition")
+    g.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per job")
+    g.add_argument("--slurm-time", type=int, default=60, help="minutes per job")
+    g.add_argument("--slurm-array-parallelism", type=int, default=64, help="jobs of the array running at once")
+    g.add_argument("--slurm-extra", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more submitit parameters (e.g. slurm_mem_gb=32 slurm_constraint=a100)")
+    g.add_argument("--slurm-retries", type=int, default=2, help="resubmissions of a failed or preempted job")
+    g.add_argument("--submitit-cluster", default=None, help=argparse.SUPPRESS)  # "local" in the tests
+    return p
+
+
+# Options that only say where the work runs: never part of a cell's provenance.
+LAUNCH_OPTIONS = ("launcher", "slurm_partition", "slurm_gpus_per_task", "slurm_time", "slurm_array_parallelism",
+                  "slurm_extra", "slurm_retries", "submitit_cluster")
+
+
+def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
+    """Run the plan's pending units on the chosen launcher, store their rows, then ``plan.finish()``.
+
+    Returns the exit code: 130 when interrupted (the finished units are stored; rerun to continue), 1 when a unit
+    failed for good (recorded as ``error`` rows by the cluster launcher, or left for a rerun locally), else
+    ``finish``'s."""
+    from .launchers import launcher_for
+
+    store = plan.store
+    todo = [[c for c in unit if store.claim(c)] for unit in plan.units]
+    todo = [u for u in todo if u]
+    n_cells = sum(len(u) for u in plan.units)
+    bar = tqdm(total=n_cells, initial=n_cells - sum(len(u) for u in todo), desc=name,
+               disable=getattr(args, "quiet", False), unit="cell")
+    failed, interrupted = [], False
+    try:
+        for unit, rows, err in launcher_for(args, plan, name).run(todo, plan):
+            if rows is None:
+                for c in unit:
+                    store.release(c)
+                if err == "interrupted":
+                    interrupted = True
+                else:
+                    failed.append(f"{plan.describe(unit)}: {err}")
+            else:
+                for cell, r in zip(unit, rows):
+                    store.add(cell, r)
+            bar.update(len(unit))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        for unit in todo:  # claims of units not finished go back
+            for c in unit:
+                store.release(c)
+        bar.close()
+    for f in failed:
+        print(f"{name}: failed {f}", file=sys.stderr)
+    if interrupted:
+        print(f"{name}: interrupted; finished cells are stored in {store.path}, rerun to continue", file=sys.stderr)
+        return 130
+    store.refresh()
+    code = plan.finish()
+    return max(code, int(bool(failed)))
+
+
+def default_workers(device_type: str, requested: int | None) -> int:
+    cpus = os.cpu_count() or 1
+    return requested or (min(cpus, 8) if device_type == "cpu" else 1)
+
+
+__all__ = ["EXPERIMENTS", "LAUNCH_OPTIONS", "Experiment", "Plan", "add_launcher_arguments", "default_workers",
+           "execute"]
