@@ -48,6 +48,21 @@ def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | str = "
             "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def portable_command(argv: list[str]) -> str:
+    """The command line with paths under the repository root written relative to it (records name no absolute
+    path of the machine that ran them)."""
+    out = []
+    for a in argv:
+        p = Path(a)
+        if p.is_absolute() and p.is_relative_to(REPO_ROOT):
+            a = str(p.relative_to(REPO_ROOT))
+        out.append(a)
+    return " ".join(out)
+
+
 def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
     """Versions, device, thread counts, numerics flags, git revision, time and command line."""
     device = torch.device(device)
@@ -68,7 +83,7 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "command": " ".join(sys.argv),
+        "command": portable_command(sys.argv),
         "host": platform.node(),
         "pid": os.getpid(),
     }

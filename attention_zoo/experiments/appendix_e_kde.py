@@ -26,6 +26,8 @@ from ..metrics.topk import read_per_sample
 from ..results import ResultStore, ensure_out_dir
 from .common import base_parser, cli_main, select_variants, variant_flavours
 from .generation_common import flat_wide
+from .launchers import run_whole
+from .protocol import add_launcher_arguments
 from .table1_generation import NAME as TABLE1
 
 NAME = "appendix_e_kde"
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Table 1's --out directory (its result store and per_sample/ files)")
     p.add_argument("--datasets", default=None, help="comma-separated datasets (default: all Table 1 scored)")
     p.epilog = "--seeds filters Table 1's seeds (default: all, pooled); --device and --threads are not used."
-    return p
+    return add_launcher_arguments(p)
 
 
 def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, seeds, datasets) -> pd.DataFrame:
@@ -150,4 +152,4 @@ def run(args) -> int:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job

@@ -22,6 +22,7 @@ from these rows, seed-paired.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -37,7 +38,9 @@ from ..results import ensure_out_dir
 from .common import base_parser, cli_main, open_store, positive_int, setup_threads
 from .generation import PRESETS, DataOptions, build_model, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
+from .protocol import Plan, add_launcher_arguments, execute
 
+NAME = "appendix_fgh"
 MODELS = {"adaptive": ({}, True), "unshared": ({}, False), "static": ({"use_mlp": False}, True)}
 SETTINGS = {"smoke": dict(dataset="digits", steps=200, snapshots=(0, 50, 200), batch=32, lr=2e-3),
             "paper": dict(dataset="cifar10", steps=None, snapshots=(1, 10, 25, 50), batch=64, lr=3e-4)}
@@ -86,26 +89,32 @@ def _train_with_snapshots(model, data, s: dict, snap_steps: list[int], device, p
     return snaps
 
 
-def run(args) -> dict:
-    ensure_out_dir(args.out)  # before the data is loaded
-    setup_threads(args.threads)
-    device = resolve_device(args.device)
+def settings_of(args) -> tuple[dict, list[int], int]:
+    """(training settings, snapshot steps, steps per epoch) of the run."""
     s = dict(SETTINGS[args.preset])
     if args.steps is not None:  # a short run: snapshots at the start, a quarter and the end
         s.update(steps=args.steps, snapshots=tuple(sorted({0, args.steps // 4, args.steps})))
-    p = PRESETS[args.preset]
-    data = load_data(s["dataset"], DataOptions(image_task="patch", data_dir=args.data_dir, image_eval=64))
+    data = _data(s["dataset"], args.data_dir)
     steps_per_epoch = math.ceil(data.n_train / s["batch"])
     snap_steps = list(s["snapshots"]) if s["steps"] else [e * steps_per_epoch for e in s["snapshots"]]
-    env = environment_record(device, preset=args.preset)
-    store = open_store(args, "appendix_fgh", device, env, variants=("damcha",), settings=s)
+    return s, snap_steps, steps_per_epoch
+
+
+def _data(name: str, data_dir):
+    return load_data(name, DataOptions(image_task="patch", data_dir=data_dir, image_eval=64))
+
+
+def cell_rows(unit: list[dict], args) -> list[list[dict]]:
+    """A work unit (protocol.Plan.work): train each (model, seed) cell with its snapshots and gradient grids; the
+    first seed also draws the figures."""
+    device = resolve_device(args.device)
+    s, snap_steps, steps_per_epoch = settings_of(args)
+    p, data = PRESETS[args.preset], _data(s["dataset"], args.data_dir)
     val_batch = tuple(t.to(device) for t in next(iter(data.batches("val", 16)())))
-    paths = {}
-    for seed, (label, (opts, share)) in ((s_, m) for s_ in args.seeds for m in MODELS.items()):
-        cell = {"model": label, "preset": args.preset, "seed": seed, "snapshots": snap_steps}
-        if not store.claim(cell):
-            print(f"skip {label} seed {seed} (done)")
-            continue
+    out = []
+    for cell in unit:
+        label, seed = cell["model"], cell["seed"]
+        opts, share = MODELS[label]
         t0 = time.perf_counter()
         figures = seed == args.seeds[0]
         set_seed(seed)
@@ -140,30 +149,57 @@ def run(args) -> dict:
                           "value": float((g - g[:, :1]).abs().max() / g.abs().max()), "unit": "relative"},
                          {"step": max(snaps), "layer": name, "metric": "grad_grid_cv",
                           "value": float(g.std() / g.mean()), "unit": "std / mean"}]
-        store.add(cell, [{**r, "status": "ok", "device": str(device)} for r in rows])
-        print(f"{label}: {time.perf_counter() - t0:.1f} s")
-    df = store.frame()
-    env = store.environment(env, df)
-    grad = df["metric"].isin(["grad_row_spread", "grad_grid_cv"])
-    wide = report.ci_table(df[~grad], ["model", "layer", "step"], ["metric"], floatfmt=".4g")
-    verdicts = frame_verdicts("appendix_fgh", args.preset, df, store.path, store.context_id)
-    notes = [f"Preset `{args.preset}` ({s['dataset']}); n = {df['seed'].nunique()} seeds per model; tables: mean "
-             "[95 % interval] (n) over seeds.", __doc__.split("\n\n", 1)[1],
-             "## Verdicts on the paper's claims (Appendices F–H)", "", verdict_markdown(verdicts),
-             "## Gradient grids (last snapshot)", "",
-             report.markdown_table(report.ci_table(df[grad], ["model", "layer", "step"], ["metric"], floatfmt=".4g")),
-             "## Metric blocks per snapshot"]
-    paths.update(write_tables(args.out, "appendix_fgh", df, wide, env, "Appendices F–H: DAMCHA metrics",
-                              notes="\n\n".join(notes), floatfmt=".4g"))
-    print("\n".join(verdict_lines(verdicts)))
-    return paths
+        out.append([{**r, "status": "ok", "device": str(device)} for r in rows])
+        print(f"{label} seed {seed}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def plan(args) -> Plan:
+    ensure_out_dir(args.out)  # before the data is loaded
+    setup_threads(args.threads)
+    device = resolve_device(args.device)
+    s, snap_steps, _ = settings_of(args)
+    env = environment_record(device, preset=args.preset)
+    store = open_store(args, NAME, device, env, variants=("damcha",), settings=s)
+    cells = [{"model": label, "preset": args.preset, "seed": seed, "snapshots": snap_steps}
+             for seed in args.seeds for label in MODELS]
+    for c in store.records(cells):
+        print(f"skip {c['cell']['model']} seed {c['cell']['seed']} (done)")
+
+    def finish() -> int:
+        df = store.frame()
+        full_env = store.environment(env, df)
+        grad = df["metric"].isin(["grad_row_spread", "grad_grid_cv"])
+        wide = report.ci_table(df[~grad], ["model", "layer", "step"], ["metric"], floatfmt=".4g")
+        verdicts = frame_verdicts(NAME, args.preset, df, store.path, store.context_id)
+        notes = [f"Preset `{args.preset}` ({s['dataset']}); n = {df['seed'].nunique()} seeds per model; tables: mean "
+                 "[95 % interval] (n) over seeds.", __doc__.split("\n\n", 1)[1],
+                 "## Verdicts on the paper's claims (Appendices F–H)", "", verdict_markdown(verdicts),
+                 "## Gradient grids (last snapshot)", "",
+                 report.markdown_table(report.ci_table(df[grad], ["model", "layer", "step"], ["metric"],
+                                                       floatfmt=".4g")),
+                 "## Metric blocks per snapshot"]
+        write_tables(args.out, NAME, df, wide, full_env, "Appendices F–H: DAMCHA metrics", notes="\n\n".join(notes),
+                     floatfmt=".4g")
+        print("\n".join(verdict_lines(verdicts)))
+        return 0
+
+    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args), finish,
+                describe=lambda u: f"{u[0]['model']} seed {u[0]['seed']}")
+
+
+def run(args) -> int:
+    return execute(plan(args), args, NAME)
+
+
+def build_parser():
+    p = base_parser(NAME, __doc__.split("\n\n")[0], default_seeds=[0, 1, 2, 3, 4], variants=False)
+    p.add_argument("--data-dir", default=None, help="CIFAR-10 location for the paper preset")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="override the training length (optimizer steps)")
+    return add_launcher_arguments(p)
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser("appendix_fgh", __doc__.split("\n\n")[0], default_seeds=[0, 1, 2, 3, 4], variants=False)
-    p.add_argument("--data-dir", default=None, help="CIFAR-10 location for the paper preset")
-    p.add_argument("--steps", type=positive_int, default=None,
-                   help="override the training length (optimizer steps)")
-    run(p.parse_args(argv))
-    return 0
+    return run(build_parser().parse_args(argv))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
+import json
 import math
 import os
 import sys
@@ -16,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .. import report
 from ..engine import parse_overrides, prune_checkpoints, result_identity
@@ -26,6 +27,7 @@ from ..metrics import text as mt
 from ..results import ResultStore
 from .common import open_store, positive_int
 from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
+from .protocol import Plan, add_launcher_arguments
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
@@ -77,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
     p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE", help="TrainConfig overrides")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep finished cells' checkpoints")
-    return p
+    return add_launcher_arguments(p)
 
 
 def make_context(args, name: str) -> Context:
@@ -103,25 +105,39 @@ def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None 
     return names
 
 
-def run_cells(ctx: Context, store: ResultStore, cells: list[dict], fn) -> int:
-    """Run unfinished cells with ``fn(cell) -> rows | None`` (None: interrupted, resumable); exit code."""
-    for cell in tqdm(cells, desc=ctx.name, disable=ctx.quiet, leave=False):
-        if not store.claim(cell):  # done, or being run by another process on this --out
-            continue
-        try:
-            rows = fn(cell)
-        except BaseException:
-            store.release(cell)
-            raise
+_CONTEXTS: dict[tuple[str, str], Context] = {}
+
+
+def context_for(args, name: str) -> Context:
+    """The table's Context for ``args``, built once per process (a worker or a cluster job builds its own)."""
+    key = (name, json.dumps(vars(args), sort_keys=True, default=str))
+    if key not in _CONTEXTS:
+        _CONTEXTS[key] = make_context(args, name)
+    return _CONTEXTS[key]
+
+
+def unit_work(unit: list[dict], module: str, args) -> list[list[dict]] | None:
+    """A work unit of a generation table (protocol.Plan.work): ``module.cell_rows(ctx, cell)`` for each cell, the
+    finished cells' checkpoints pruned; None as soon as one is interrupted (resumable from its run directory)."""
+    mod = importlib.import_module(module)
+    ctx = context_for(args, mod.NAME)
+    out = []
+    for cell in unit:
+        rows = mod.cell_rows(ctx, cell)
         if rows is None:
-            store.release(cell)
             print(f"{ctx.name}: interrupted; rerun the same command to resume from {ctx.run_dir(cell)}",
                   file=sys.stderr)
-            return 130
-        store.add(cell, rows)
+            return None
         if not ctx.keep_checkpoints:
             prune_checkpoints(ctx.run_dir(cell))
-    return 0
+        out.append(rows)
+    return out
+
+
+def cell_plan(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], finish) -> Plan:
+    """The protocol's plan of a generation table: one unit per cell, computed by ``module.cell_rows``."""
+    return Plan(store, [[c] for c in cells], functools.partial(unit_work, module=module, args=args), finish,
+                describe=lambda u: "/".join(str(u[0][k]) for k in ("dataset", "variant", "flavor", "setting", "seed")))
 
 
 def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:

@@ -13,6 +13,7 @@ every unit whose result file is there and submits only the rest, so nothing is l
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -188,3 +189,34 @@ def _log_tail(job) -> str:
 def _error_rows(message: str, attempts: int) -> list[dict]:
     return [{"metric": "job", "value": math.nan, "unit": "", "status": "error",
              "message": f"failed {attempts} time(s): {message}"}]
+
+
+class WholeRunJob:
+    """A measuring script run whole as one cluster job (its timings need one machine): it writes its own store and
+    leaves its exit code in a JSON file the driver reads."""
+
+    def __init__(self, fn, args, path: str):
+        self.fn, self.args, self.path = fn, args, path
+
+    def __call__(self) -> None:
+        code = self.fn(self.args)
+        atomic_write_text(self.path, json.dumps({"exit_code": int(code)}))
+
+
+def run_whole(args, name: str, fn) -> int:
+    """``fn(args)`` here (``--launcher local``) or as one submitit job, waiting for it (``--launcher submitit``)."""
+    if getattr(args, "launcher", "local") != "submitit":
+        return fn(args)
+    folder = Path(args.out) / "_cache" / "submitit"
+    launcher = SubmititLauncher(args, folder, name)
+    local = argparse.Namespace(**{**vars(args), "launcher": "local"})
+    path = folder / "results" / f"{name}-whole.json"
+    if path.exists():
+        path.unlink()
+    job = launcher.executor().submit(WholeRunJob(fn, local, str(path)))
+    job.wait()
+    try:
+        return int(json.loads(path.read_text())["exit_code"])
+    except (OSError, ValueError, KeyError):
+        print(f"{name}: the cluster job ended without an exit code: {_log_tail(job)}", file=sys.stderr)
+        return 1

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import atomic_write_text
+from ..claims import verdict_frame, verdict_markdown, verdicts_for
+from ..io import atomic_write_csv, atomic_write_text
 from ..registry import get_attention_spec, list_attentions
 
 DISCREPANCIES = """\
@@ -64,8 +65,7 @@ def _paper_blocks(md: str) -> list[str]:
             cur.append(line)
             continue
         if cur:
-            header = cur[0].lower()
-            if "paper" in header and "ours" in header:
+            if cur[0].lower().startswith("| what | paper | ours"):  # the comparison tables, not the verdict tables
                 blocks.append("\n".join(cur))
             cur = []
     return blocks
@@ -116,39 +116,49 @@ class Section:
     md: str
     figures: tuple[str, ...]
     figures_note: str = ""  # when the figures need more than the default run
+    claims: tuple[str, ...] = ()  # ids of the claims its rows decide (their verdicts are listed in the section)
+    optional: bool = False  # made by another all.py preset (decide): "not run" when absent, never "missing"
 
 
 SECTIONS = (
     Section("Table 1", "decoder-only generation", "table1_generation", "table1_generation.md",
-            ("table1_generation_*.png",)),
+            ("table1_generation_delta.png",), claims=("T1.", "E.kde")),
     Section("Table 2", "efficiency: memory, latency, FLOPs, parameters", "table2_efficiency",
             "table2_efficiency.md", ("table2_efficiency_memory_*.png", "table2_efficiency_latency_*.png",
-                                     "table2_efficiency_gflops_*.png")),
+                                     "table2_efficiency_gflops_*.png"), claims=("T2.",)),
     Section("Table 3", "generator depth × block ablation", "table3_depth_blocks", "table3_depth_blocks.md",
-            ("table3_depth_blocks.png",)),
+            ("table3_depth_blocks.png",), claims=("T3.",)),
     Section("Table 4", "input adaptivity × sharing ablation", "table4_ablation", "table4_ablation.md",
-            ("table4_ablation.png",)),
+            ("table4_ablation.png",), claims=("T4.",)),
     Section("Table 5", "character-level GPT-2 pretraining", "table5_gpt2", "table5_gpt2.md",
-            ("table5_gpt2_delta.png", "table5_gpt2_delta_curve_*.png")),
-    Section("Table 6", "ViT classification", "table6_vit", "table6_vit.md", ("table6_vit_delta*.png",)),
+            ("table5_gpt2_delta.png", "table5_gpt2_delta_curve_*.png"), claims=("T5.",)),
+    Section("Table 6", "ViT classification", "table6_vit", "table6_vit.md", ("table6_vit_delta*.png",),
+            claims=("T6.",)),
     Section("Table 7", "complexity and measured scaling", "table7_complexity", "table7_complexity.md",
-            ("table7_complexity_*_vs_seq_len.png", "table7_complexity_*_vs_d_model.png")),
-    Section("Figure 12", "synthetic regression, test MSE vs λ", "synthetic", "synthetic.md",
-            ("figure12_r2.png", "figure12_gain.png")),
-    Section("Figure 13", "synthetic classification, accuracy vs d_e", "synthetic", "synthetic.md",
-            ("figure13_accuracy.png", "figure13_gain.png")),
+            ("table7_complexity_*_vs_seq_len.png", "table7_complexity_*_vs_d_model.png"),
+            claims=("T7.", "D3.", "D4.")),
+    Section("Figure 12", "synthetic regression, R² and gain vs λ (smoke preset)", "synthetic", "synthetic.md",
+            ("figure12_r2.png", "figure12_gain.png"), claims=("I.lambda", "I.not_params")),
+    Section("Figure 13", "synthetic classification, accuracy vs d_e (smoke preset)", "synthetic", "synthetic.md",
+            ("figure13_accuracy.png", "figure13_gain.png"), claims=("I.de_",)),
+    Section("Figure 12 (decide)", "synthetic regression trained to a plateau, with controls", "synthetic_decide",
+            "synthetic.md", ("figure12_r2.png", "figure12_gain.png", "synthetic_budget_gain_regression.png",
+                             "synthetic_learning_loss.png"), claims=("I.lambda", "I.not_params"), optional=True),
+    Section("Figure 13 (decide)", "synthetic classification trained to a plateau, with controls", "synthetic_decide",
+            "synthetic.md", ("figure13_accuracy.png", "figure13_gain.png",
+                             "synthetic_budget_gain_classification.png"), claims=("I.de_",), optional=True),
     Section("Appendix E", "distributions of per-sample scores (KDEs)", "appendix_e_kde", "appendix_e_kde.md",
-            ("appendix_e_kde_*.png",)),
+            ("appendix_e_kde_*.png",), claims=("E.",)),
     Section("Appendix F", "evolution of DAMCHA's metric during training", "appendix_fgh", "appendix_fgh.md",
-            ("appF_adaptive_step*.png", "appF_unshared_step*.png")),
+            ("appF_adaptive_step*.png", "appF_unshared_step*.png"), claims=("F.",)),
     Section("Appendix G", "block-wise gradient flow with and without sharing", "appendix_fgh", "appendix_fgh.md",
-            ("appG_grad_adaptive.png", "appG_grad_unshared.png")),
+            ("appG_grad_adaptive.png", "appG_grad_unshared.png"), claims=("G.",)),
     Section("Appendix H", "static (w/o f(x)) vs adaptive metric", "appendix_fgh", "appendix_fgh.md",
-            ("appF_static_step*.png",)),
+            ("appF_static_step*.png",), claims=("H.",)),
     Section("RowSum analysis", "DAMCHA under RowSum", "rowsum_analysis", "rowsum_analysis.md",
             ("diag_vs_full_over_H.png", "block_inference_losses.png"),
             "the figures come from the `diag_vs_full` section"),
-    Section("Benchmark", "quick benchmark: one layer and a 4-layer decoder per variant", "benchmark", "benchmark.md",
+    Section("Benchmark", "quick benchmark and training throughput", "benchmark", "benchmark.md",
             ("benchmark.png",)),
 )
 
@@ -167,9 +177,12 @@ def section_files(results: str | Path, sec: Section) -> tuple[Path | None, list[
 
 
 def missing_outputs(results: str | Path) -> list[str]:
-    """Every expected markdown table and figure of SECTIONS that is not under ``results`` (as "section: what")."""
+    """Every expected markdown table and figure of SECTIONS that is not under ``results`` (as "section: what");
+    an optional section (another preset's) counts only once its folder exists."""
     out = []
     for sec in SECTIONS:
+        if sec.optional and not (Path(results) / sec.script).is_dir():
+            continue
         md, _, missing = section_files(results, sec)
         if md is None:
             out.append(f"{sec.name}: {sec.script}/{sec.md}")
@@ -228,9 +241,12 @@ def _how_made(record: dict) -> list[str]:
     return out + [""]
 
 
-def _section_lines(results: Path, sec: Section, scripts: dict, seen_md: set) -> list[str]:
+def _section_lines(results: Path, sec: Section, scripts: dict, seen_md: set, verdicts: list) -> list[str]:
     md, figs, missing = section_files(results, sec)
     out = [f"## {sec.name}: {sec.title}", ""]
+    folder = results / sec.script
+    if sec.optional and not folder.is_dir():
+        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
     rec = scripts.get(sec.script)
     if rec:
         out.append(f"Script `{sec.script}`: {_fmt_s(rec.get('wall_s'))} wall, {_fmt_s(rec.get('cpu_s'))} CPU, "
@@ -238,24 +254,39 @@ def _section_lines(results: Path, sec: Section, scripts: dict, seen_md: set) -> 
     else:
         out.append(f"Script `{sec.script}`: not in the run record (`run_all.json`).")
     out.append("")
-    folder = results / sec.script
     if md is not None:
         files = [md] + sorted(folder.glob("*_long.csv")) + sorted(folder.glob("*_wide.csv")) + \
             sorted(p for p in folder.glob("*.csv") if not p.name.endswith(("_long.csv", "_wide.csv")))
         out.append("Files: " + ", ".join(f"[{f.name}]({sec.script}/{f.name})" for f in files))
         out.append("")
-        if md not in seen_md:  # Figures 12 and 13 share synthetic.md: its paper rows are shown once
-            for block in _paper_blocks(md.read_text()):
-                out += [block, ""]
-            seen_md.add(md)
+    preset = "decide" if sec.optional else None
+    mine = [v for v in verdicts if v.claim.id.startswith(sec.claims) and (preset is None and v.preset != "decide"
+                                                                           or v.preset == preset)] if sec.claims else []
+    if mine:
+        out += ["Verdicts (details in the table at the top):", ""]
+        out += [f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""]
+    if md is not None and md not in seen_md:  # Figures 12 and 13 share synthetic.md: its paper rows show once
+        for block in _paper_blocks(md.read_text()):
+            out += [block, ""]
+        seen_md.add(md)
     for f in figs:
         rel = f.relative_to(results)
         out += [f"![{rel}]({rel})", ""]
+    if sec.script == "benchmark" and (folder / "train_speed.md").is_file():
+        body = (folder / "train_speed.md").read_text().split("\n", 2)[-1]
+        out += ["### Training throughput of the synthetic cells", "", body, ""]
     lost = ([f"`{sec.script}/{sec.md}`"] if md is None else []) + [f"`{sec.script}/{m}`" for m in missing]
     if lost:
         note = f" ({sec.figures_note})" if sec.figures_note and missing else ""
         out += [f"**Missing:** {', '.join(lost)}{note}.", ""]
     return out
+
+
+COMPUTED = ("Every number is measured by the script that wrote it, except these, which are computed from closed "
+            "forms: the authors' GFLOPs formula (Table 2, `paper_model_gflops`), the analytic FLOP columns "
+            "(`*_analytic`, `train_flops`, `train_gflops`), Table 7's complexity formulas and its parameter counts "
+            "under the readings of P, and the verdicts marked `computed`. Units, device, preset and n are in each "
+            "table and its `.env.json`.")
 
 
 def build_index(results: str | Path, preset: str | None = None) -> Path:
@@ -266,14 +297,19 @@ def build_index(results: str | Path, preset: str | None = None) -> Path:
     runs = record.get("runs") or []
     preset = preset or (runs[-1].get("preset") if runs else "smoke")
     command = runs[-1].get("command") if runs else f"python reproduce/all.py --preset {preset}"
-    out = ["# Reproduction report", "",
-           f"Generated by `{command}`; every number was measured by the script that wrote it (units, device and "
-           "preset are in each table and its `.env.json`). Sections: "
-           + ", ".join(f"[{s.name}](#{_anchor(s)})" for s in SECTIONS) + ".", ""]
+    verdicts = verdicts_for(results)
+    atomic_write_text(results / "claims.md", "# Verdicts on the paper's claims\n\n" + verdict_markdown(verdicts))
+    atomic_write_csv(verdict_frame(verdicts), results / "claims.csv")
+    out = ["# Reproduction report", "", f"Generated by `{command}` and rebuilt from the stores by "
+           "`python reproduce/all.py --index-only`. " + COMPUTED + " Sections: "
+           + ", ".join(f"[{s.name}](#{_anchor(s)})" for s in SECTIONS) + ".", "",
+           "## Verdicts on the paper's claims", "", verdict_markdown(verdicts),
+           "Also as [claims.md](claims.md) and [claims.csv](claims.csv) (with the context and runs behind each "
+           "verdict).", ""]
     out += ["## How these results were made", ""] + _how_made(record)
     seen_md: set[Path] = set()
     for sec in SECTIONS:
-        out += _section_lines(results, sec, scripts, seen_md)
+        out += _section_lines(results, sec, scripts, seen_md, verdicts)
         if sec.script == "rowsum_analysis":
             out += ["### DAMCHA under RowSum", "", ROWSUM, _rowsum_numbers(results)]
     known = {s.script for s in SECTIONS}

@@ -35,6 +35,8 @@ from ..results import ResultStore, ensure_out_dir
 from ..variants.damcha import metric_generator, set_block_scales
 from ..variants.damcha_generator import adam_param_groups
 from .common import base_parser, cli_main, open_store, setup_threads
+from .launchers import run_whole
+from .protocol import add_launcher_arguments
 
 PRESETS = {
     # d_model/heads/layers of the trained char-LM, steps of each training section, cost-section shapes
@@ -252,10 +254,13 @@ def write_report(store: ResultStore, args, device) -> dict:
     return paths
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     p = base_parser("rowsum_analysis", __doc__.split("\n\n")[0], seeds=False, variants=False)  # DAMCHA only
     p.add_argument("--sections", default="gradient_identity,equivalence,diag_vs_full,costs",
                    help="comma-separated sections to run")
-    run(p.parse_args(argv))
-    return 0
+    return add_launcher_arguments(p)
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    return run_whole(build_parser().parse_args(argv), "rowsum_analysis", lambda a: (run(a), 0)[1])

@@ -1,12 +1,15 @@
 """Run every table and figure at one preset (finished cells are skipped by each script), then write
 ``results/README.md``. Each script runs in its own process; a failing script is reported and the rest go on.
 
-Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (every variant in both flavours and three
-seeds in Tables 1, 5 and 6; five seeds, λ ∈ {0, 0.25, …, 1} and d_e ∈ {4, 8, …, 20} in the synthetic sweeps);
-``paper`` runs each script's paper preset with its defaults (the paper's rows; see docs/paper_scale.md); ``tiny``
-is the smoke pipeline shrunk to seconds per script (two variants, a few steps, random FID features) for the test
-suite — its numbers mean nothing. The command, commit, machine and each script's wall and CPU time go to
-``<results>/run_all.json``, which the index reads.
+Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (every variant in both flavours and the
+control arms, three seeds in Tables 1, 5 and 6, five in Tables 3, 4, App. F–H and the synthetic sweeps at 200 steps,
+λ ∈ {0, 0.2, …, 1} and d_e ∈ {4, 8, …, 20}), plus the quick and the training-throughput benchmarks; ``decide`` runs
+the synthetic sweeps' decide preset (MHA, DAMCHA and the controls, ten seeds, trained to a validation plateau) into
+``<results>/synthetic_decide``; ``paper`` runs each script's paper preset with its defaults (see
+docs/paper_scale.md); ``tiny`` is the smoke pipeline shrunk to seconds per script (two variants, a few steps,
+random FID features) for the test suite — its numbers mean nothing. The command, commit, machine and each script's
+wall and CPU time go to ``<results>/run_all.json``, which the index reads; commands are recorded relative to the
+repository root.
 """
 
 from __future__ import annotations
@@ -27,16 +30,18 @@ from ..io import atomic_write_json
 from ..results import ensure_out_dir
 from ..workers import child_preexec
 from .common import HelpFormatter, cli_main, positive_int
+from .protocol import EXPERIMENTS
 from .results_index import RUN_RECORD, build_index
 
-REPRODUCE = Path(__file__).resolve().parents[2] / "reproduce"
-# In dependency order: Appendix E reads Table 1's per-sample scores. "benchmark" is attention_zoo.measure.quick.
-SCRIPTS = ("table2_efficiency", "table7_complexity", "synthetic", "table5_gpt2", "table1_generation",
-           "appendix_e_kde", "table3_depth_blocks", "table4_ablation", "table6_vit", "appendix_fgh",
-           "rowsum_analysis", "benchmark")
-PRESETS = ("smoke", "paper", "tiny")
+ROOT = Path(__file__).resolve().parents[2]
+REPRODUCE = ROOT / "reproduce"
+# The experiments in the protocol's order (Appendix E reads Table 1's per-sample scores), then the benchmarks:
+# "benchmark" is attention_zoo.measure.quick, "train_speed" the training-throughput mode of attention_zoo.bench.
+SCRIPTS = (*EXPERIMENTS, "benchmark", "train_speed")
+DECIDE = ("synthetic_decide",)  # the decide preset: the synthetic sweeps trained to a plateau
+PRESETS = ("smoke", "decide", "paper", "tiny")
 
-_ALL_ROWS = ["--variants", "*", "--flavour", "both"]  # every variant, baselines in both flavours
+_ALL_ROWS = ["--variants", "*,controls", "--flavour", "both"]  # every variant (both flavours) and the controls
 _TINY_GEN = ["--steps", "2", "--eval-samples", "8", "--fid-extractor", "tiny-random", "--image-size", "16"]
 _TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--extra"]
 
@@ -44,13 +49,15 @@ _TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--extra"]
 # (steps, models, scored samples) live in the scripts' presets.
 SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
     "smoke": {
-        "table1_generation": ["--flavour", "both", "--seeds", "0", "1", "2"],
+        "table1_generation": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "table5_gpt2": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "table6_vit": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "appendix_e_kde": ["--flavour", "both"],
-        # synthetic: its smoke preset's grids (λ 0 … 1 step 0.25, d_e 4 … 20 step 4) and default seeds 0-4
+        "synthetic": ["--variants", "*,controls"],  # its smoke grids and default seeds 0-4
         "benchmark": ["--variants", "*", "--flavor", "both"],
+        "train_speed": ["--seeds", "10", "--steps", "40", "--rounds", "7"],
     },
+    "decide": {"synthetic_decide": []},
     "paper": {},
     "tiny": {
         "table2_efficiency": ["--variants", "mha,damcha", "--flavour", "paper", "--settings", "cifar", "--counters",
@@ -69,13 +76,39 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "rowsum_analysis": ["--sections", "gradient_identity,equivalence"],  # the others: 300 steps, B=4 T=512
         "benchmark": ["--variants", "mha,damcha", "--batch", "1", "--seq-len", "16", "--d-model", "16", "--heads",
                       "2", "--layers", "1", "--warmup", "0", "--repeats", "1"],
+        "train_speed": ["--variants", "mha", "--seeds", "2", "--steps", "1", "--rounds", "1", "--warmup", "0"],
     },
 }
+
+
+def scripts_of(preset: str) -> tuple[str, ...]:
+    return DECIDE if preset == "decide" else SCRIPTS
+
+
+def shown_command(cmd: list[str]) -> str:
+    """The command as a reader reruns it from the repository root (no absolute paths of this machine)."""
+    def rel(a: str) -> str:
+        p = Path(a)
+        if p.is_absolute():
+            try:
+                return str(p.relative_to(ROOT))
+            except ValueError:
+                return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else a
+        return a
+
+    return shlex.join(["python", *(rel(a) for a in cmd[1:])])
 
 
 def script_command(name: str, preset: str, device: str, results: Path, threads: int | None = None) -> list[str]:
     """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset)."""
     extra = SCRIPT_ARGS[preset].get(name, []) + ([] if threads is None else ["--threads", str(threads)])
+    if name == "synthetic_decide":
+        return [sys.executable, str(REPRODUCE / "synthetic.py"), "--preset", "decide", "--device", device, "--out",
+                str(results / name), "--quiet", *extra]
+    if name == "train_speed":
+        out = results / "benchmark"
+        return [sys.executable, "-m", "attention_zoo.bench", "train", *extra, "--csv", str(out / "train_speed.csv"),
+                "--md", str(out / "train_speed.md")]
     if name == "benchmark":
         out = results / "benchmark"
         return [sys.executable, "-m", "attention_zoo.measure.quick", "--device", device, *extra,
@@ -106,23 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--preset", choices=PRESETS, default="smoke",
-                   help="smoke: the whole paper on embedded data, ≤ 1 h on 2 CPU cores; paper: the scripts' paper "
-                        "presets; tiny: seconds per script, for tests")
+                   help="smoke: the whole paper on embedded data, ≈ 1 h on 2 CPU cores; decide: the synthetic sweeps "
+                        "trained to a plateau (≤ 90 min on 2 cores); paper: the scripts' paper presets; tiny: seconds "
+                        "per script, for tests")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads of every script (default: each script's own choice)")
-    p.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset of the scripts")
+    p.add_argument("--only", default=None, help="comma-separated subset of the preset's scripts (default: all)")
     p.add_argument("--index-only", action="store_true", help="only rebuild results/README.md")
     args = p.parse_args(argv)
-    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - set(SCRIPTS))
+    scripts = scripts_of(args.preset)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else list(scripts)
+    unknown = sorted(set(chosen) - set(scripts))
     if unknown:
-        raise ValueError(f"only: unknown {', '.join(unknown)}; available: {', '.join(SCRIPTS)}")
+        raise ValueError(f"only: unknown {', '.join(unknown)}; available at preset {args.preset}: {', '.join(scripts)}")
     results = ensure_out_dir(args.results, "results")  # before any script runs
     record_path = results / RUN_RECORD
     record = _load_record(record_path)
-    todo = [s for s in SCRIPTS if s in chosen and not args.index_only]
+    todo = [s for s in scripts if s in chosen and not args.index_only]
     failed = []
     if todo:
         env = environment_record(resolve_device(args.device))
@@ -136,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         t_run, cpu_run = time.perf_counter(), _children_cpu()
         for name in todo:
             cmd = script_command(name, args.preset, args.device, results, args.threads)
-            shown = shlex.join(["python", *cmd[1:]])
+            shown = shown_command(cmd)
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
             rc = subprocess.run(cmd, preexec_fn=child_preexec()).returncode  # killed with us: no orphan writes

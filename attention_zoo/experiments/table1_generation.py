@@ -27,6 +27,7 @@ from .generation_common import (
     PAPER_NAMES,
     Clock,
     add_arguments,
+    cell_plan,
     comparison_text,
     datasets_of,
     flat_wide,
@@ -38,9 +39,9 @@ from .generation_common import (
     paired_section,
     params_section,
     pct,
-    run_cells,
     seeds_line,
 )
+from .protocol import execute
 
 NAME = "table1_generation"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")
@@ -142,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cell_rows(ctx: Context, cell: dict) -> list[dict] | None:
+    """One cell: train and score (None when interrupted)."""
+    return train_and_score(ctx, cell)
+
+
 def run(args) -> int:
     """Train and score every (dataset, variant, flavour, seed) cell; exit code 130 when interrupted (resumable)."""
     setup_threads(args.threads)
@@ -150,12 +156,15 @@ def run(args) -> int:
     pairs = variant_flavours(select_variants(args.variants), args.flavour)
     cells = [ctx.cell(ds, v, f, "default", s) for ds in datasets_of(ctx, args.datasets) for v, f in pairs
              for s in args.seeds]
-    code = run_cells(ctx, store, cells, lambda c: train_and_score(ctx, c))
-    comp, verdicts = write_report(ctx, *frame_and_env(store, ctx, clock), store=store)
-    print(comparison_text(comp))
-    print("\n".join(verdict_lines(verdicts)))
-    print(clock.line(NAME))
-    return code
+
+    def finish() -> int:
+        comp, verdicts = write_report(ctx, *frame_and_env(store, ctx, clock), store=store)
+        print(comparison_text(comp))
+        print("\n".join(verdict_lines(verdicts)))
+        print(clock.line(NAME))
+        return 0
+
+    return execute(cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
 
 
 @cli_main

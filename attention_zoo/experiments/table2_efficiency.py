@@ -49,7 +49,9 @@ from .efficiency import (
     measure_cells,
     timing_for,
 )
+from .launchers import run_whole
 from .paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops
+from .protocol import add_launcher_arguments
 
 NAME = "table2_efficiency"
 BASELINE = "mha"
@@ -358,7 +360,7 @@ def build_parser():
     p.add_argument("--counters", default="fvcore,flop_counter",
                    help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
     add_measure_arguments(p)
-    return p
+    return add_launcher_arguments(p)
 
 
 def run(args) -> int:
@@ -408,7 +410,7 @@ def run(args) -> int:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
 
 
 __all__ = ["SETTINGS", "main", "run", "run_cell", "wide_frame"]

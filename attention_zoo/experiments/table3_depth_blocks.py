@@ -32,6 +32,7 @@ from ..variants.damcha import set_block_scales
 from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import IMAGE_SETS, train_and_score
+from .protocol import execute
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")
@@ -65,7 +66,7 @@ def depth_of(setting: str) -> int:
     return int(setting.removeprefix("depth"))
 
 
-def _cell(ctx, cell: dict) -> list[dict] | None:
+def cell_rows(ctx, cell: dict) -> list[dict] | None:
     k, H = depth_of(cell["setting"]), ctx.preset.n_heads
     apply = {label: functools.partial(set_block_scales, diag_scale=d, off_diag_scale=o)
              for label, (d, o) in block_scales(H).items()}
@@ -184,12 +185,15 @@ def run(args) -> int:
     datasets = gc.datasets_of(ctx, args.datasets, ctx.preset.image_datasets[:1], IMAGE_SETS)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
-    code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
-    comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
-    print(gc.comparison_text(comp))
-    print("\n".join(verdict_lines(verdicts)))
-    print(clock.line(NAME))
-    return code
+
+    def finish() -> int:
+        comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
+        print(gc.comparison_text(comp))
+        print("\n".join(verdict_lines(verdicts)))
+        print(clock.line(NAME))
+        return 0
+
+    return execute(gc.cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
 
 
 @cli_main

@@ -32,6 +32,7 @@ from ..registry import get_attention_spec
 from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import train_and_score
+from .protocol import execute
 
 NAME = "table4_ablation"
 SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cell(ctx, cell: dict) -> list[dict] | None:
+def cell_rows(ctx, cell: dict) -> list[dict] | None:
     return train_and_score(ctx, cell, *SETTINGS[cell["setting"]])
 
 
@@ -145,12 +146,15 @@ def run(args) -> int:
     datasets = gc.datasets_of(ctx, args.datasets, (p.image_datasets[0], p.text_datasets[-1]))
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
-    code = gc.run_cells(ctx, store, cells, lambda c: _cell(ctx, c))
-    comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
-    print(gc.comparison_text(comp))
-    print("\n".join(verdict_lines(verdicts)))
-    print(clock.line(NAME))
-    return code
+
+    def finish() -> int:
+        comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
+        print(gc.comparison_text(comp))
+        print("\n".join(verdict_lines(verdicts)))
+        print(clock.line(NAME))
+        return 0
+
+    return execute(gc.cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
 
 
 @cli_main

@@ -28,6 +28,7 @@ variant name); each row records the options its variant received.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import resource
@@ -52,7 +53,7 @@ from ..engine import (
     train,
 )
 from ..engine.distributed import DistInfo, broadcast_object, run_distributed
-from ..envinfo import environment_record, set_seed
+from ..envinfo import environment_record, resolve_device, set_seed
 from ..measure.params import count_params
 from ..measure.status import free_memory, is_oom, short_message
 from ..models import Decoder
@@ -68,6 +69,7 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
+from .protocol import Plan, add_launcher_arguments, execute
 from .table5_report import NAME, PAPER_DATASETS, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -121,7 +123,7 @@ def build_parser():
     p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered) in the damcha_repo flavour where a baseline "
                 "has one (the flavour the paper ran). The smoke preset uses 1 CPU thread unless --threads is given. "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table5_gpt2.py")
-    return p
+    return add_launcher_arguments(p)
 
 
 def _variants(spec: str | None) -> list[str]:
@@ -218,10 +220,13 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
+    if args.launcher == "submitit":
+        return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
-def _run(args, info: DistInfo) -> int:
+def _setup(args, info: DistInfo):
+    """(preset, datasets, TrainConfig, final eval batches, pairs, out, env, context) of a run."""
     preset = PRESETS[args.preset]
     datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else list(preset.datasets)
     for d in datasets:
@@ -233,49 +238,92 @@ def _run(args, info: DistInfo) -> int:
     cfg = TrainConfig.from_dict(overrides)
     final_batches = preset.final_eval_batches if args.eval_batches is None else (args.eval_batches or None)
     pairs = variant_flavours(_variants(args.variants), args.flavour)
-    out = Path(args.out)
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
     context = run_context(args, info.device,
                           selection=("datasets", "keep_checkpoints", "download", "data_dir", "train"),
                           train_config=result_identity(cfg.to_dict()), preset=asdict(preset))
+    return preset, datasets, cfg, final_batches, pairs, Path(args.out), env, context
+
+
+def _keys(args, ds, pairs, cfg, final_batches) -> list[dict]:
+    return [{"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
+             "attention_options": resolved_options_json(variant, {"flavor": flavor}), "seed": seed,
+             "max_steps": cfg.max_steps, "eval_batches": final_batches}
+            for variant, flavor in pairs for seed in args.seeds]
+
+
+def _one(key, preset, corpus, cfg, info, out, context, final_batches, fresh):
+    """(rows, status, run dir) of one cell; an OOM is a status row on one process."""
+    run_dir = run_dir_of(out, key, context)
+    try:
+        rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches, fresh)
+        return rows, res, run_dir
+    except Exception as exc:  # noqa: BLE001 - an OOM is a result; anything else propagates
+        if not is_oom(exc) or info.distributed:
+            raise
+        free_memory(info.device)
+        return [{"metric": "test_loss", "value": math.nan, "unit": "nats", "status": "oom",
+                 "message": short_message(exc)}], None, run_dir
+
+
+def _run(args, info: DistInfo) -> int:
+    preset, datasets, cfg, final_batches, pairs, out, env, context = _setup(args, info)
     store = ResultStore(out, NAME, context, fresh=args.fresh, env=env) if info.is_main else None
     exit_code = 0
     for ds in datasets:
         corpus = None
-        for (variant, flavor) in pairs:
-            for seed in args.seeds:
-                key = {"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
-                       "attention_options": resolved_options_json(variant, {"flavor": flavor}), "seed": seed,
-                       "max_steps": cfg.max_steps, "eval_batches": final_batches}
-                done = broadcast_object(store.is_done(key) if store else None, info)
-                if done:
-                    continue
-                corpus = corpus or load_char_corpus(ds, args.data_dir, args.download)
-                run_dir = run_dir_of(out, key, context)
-                try:
-                    rows, res = run_cell(key, preset, corpus, cfg, info, run_dir, final_batches, args.fresh)
-                    status = res.status
-                except Exception as exc:  # noqa: BLE001 - an OOM is a result; anything else propagates
-                    if not is_oom(exc) or info.distributed:
-                        raise
-                    status, rows = "oom", [{"metric": "test_loss", "value": math.nan, "unit": "nats",
-                                            "status": "oom", "message": short_message(exc)}]
-                    free_memory(info.device)
-                if status == "interrupted":
-                    print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from "
-                          f"{run_dir}", file=sys.stderr)
-                    return 128 + res.signal if res.signal else 1
-                if store is not None:
-                    store.add(key, rows)
-                    if not args.keep_checkpoints:
-                        prune_checkpoints(run_dir)
-                exit_code = max(exit_code, int(status == "nan"))
+        for key in _keys(args, ds, pairs, cfg, final_batches):
+            if broadcast_object(store.is_done(key) if store else None, info):
+                continue
+            corpus = corpus or load_char_corpus(ds, args.data_dir, args.download)
+            rows, res, run_dir = _one(key, preset, corpus, cfg, info, out, context, final_batches, args.fresh)
+            if res is not None and res.status == "interrupted":
+                print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from "
+                      f"{run_dir}", file=sys.stderr)
+                return 128 + res.signal if res.signal else 1
+            if store is not None:
+                store.add(key, rows)
+                if not args.keep_checkpoints:
+                    prune_checkpoints(run_dir)
+            exit_code = max(exit_code, int(res is not None and res.status == "nan"))
     if store is not None:
-        comp, verdicts = write_report(out, store, env, args.preset, run_dir_of)
-        print(report.format_comparison(comp))
-        print("\n".join(verdict_lines(verdicts)))
-        print(f"{NAME}: tables and plots in {out}")
+        _finish(out, store, env, args)
     return exit_code
+
+
+def _finish(out, store, env, args) -> int:
+    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of)
+    print(report.format_comparison(comp))
+    print("\n".join(verdict_lines(verdicts)))
+    print(f"{NAME}: tables and plots in {out}")
+    return 0
+
+
+def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
+    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    info = DistInfo(device=resolve_device(args.device))
+    preset, _, cfg, final_batches, _, out, _, context = _setup(args, info)
+    rows_out = []
+    for key in unit:
+        corpus = load_char_corpus(key["dataset"], args.data_dir, args.download)
+        rows, res, run_dir = _one(key, preset, corpus, cfg, info, out, context, final_batches, args.fresh)
+        if res is not None and res.status == "interrupted":
+            return None
+        if not args.keep_checkpoints:
+            prune_checkpoints(run_dir)
+        rows_out.append(rows)
+    return rows_out
+
+
+def plan(args) -> Plan:
+    """The cells as cluster jobs (``--launcher submitit``); local runs keep the DDP-aware loop of ``_run``."""
+    info = DistInfo(device=resolve_device(args.device))
+    preset, datasets, cfg, final_batches, pairs, out, env, context = _setup(args, info)
+    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env)
+    cells = [k for ds in datasets for k in _keys(args, ds, pairs, cfg, final_batches)]
+    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+                lambda: _finish(out, store, env, args),
+                describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']} s{u[0]['seed']}")
 
 
 @cli_main

@@ -30,6 +30,7 @@ Presets (the paper gives no recipe [U]):
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import os
@@ -67,12 +68,13 @@ from ..engine import (
     train,
 )
 from ..engine.distributed import DistInfo, all_reduce, broadcast_object, run_distributed
-from ..envinfo import environment_record, set_seed
+from ..envinfo import environment_record, resolve_device, set_seed
 from ..measure.params import count_params
 from ..models import VisionTransformer
 from ..registry import is_attention, resolved_options_json, split_options
 from ..results import ResultStore, cell_id, ensure_out_dir
 from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
+from .protocol import Plan, add_launcher_arguments, execute
 from .table6_report import NAME, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -240,7 +242,7 @@ def build_parser():
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
     p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered), damcha_repo flavour where a baseline has one. "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
-    return p
+    return add_launcher_arguments(p)
 
 
 def parse_attn_options(items: list[str]) -> dict:
@@ -323,57 +325,106 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
+    if args.launcher == "submitit":
+        return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
-def _run(args, info: DistInfo) -> int:
-    if info.is_main:
-        ensure_out_dir(args.out)  # before the data is loaded (or downloaded)
+def _setup(args, info: DistInfo):
+    """(preset, pairs, attention options, overrides, data, batch, out, env, context) of a run."""
     preset = PRESETS[args.preset]
     names = select_variants(args.variants) if args.variants else [v for v in DEFAULT_VARIANTS if is_attention(v)]
     pairs = variant_flavours(names, args.flavour)
     attn_options, overrides = parse_attn_options(args.attn_options), parse_overrides(args.train)
     data = load_data(preset, args.data_dir, args.download, args.workers)
     batch = args.batch_size or preset.batch_size
-    out = Path(args.out)
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, n_train=data.n_train,
                              n_val=data.n_val)
     context = run_context(args, info.device, selection=("keep_checkpoints", "download", "data_dir", "epochs", "train"),
                           preset=asdict(preset), train_overrides=result_identity(overrides))
-    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env) if info.is_main else None
-    exit_code = 0
+    return preset, pairs, attn_options, overrides, data, batch, Path(args.out), env, context
+
+
+def _cells(args, preset, pairs, attn_options, overrides, data, batch):
+    """[(cell key, TrainConfig)] of the grid, in run order."""
+    out = []
     for epochs in args.epochs or preset.epochs:
         cfg, spe = train_config(preset, data.n_train, epochs, batch, args.steps,
                                 {**overrides, "progress": not args.quiet})
         for variant, flavor in pairs:
             for seed in args.seeds:
-                key = {"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
-                       "flavor": flavor, "epochs": epochs, "seed": seed, "max_steps": cfg.max_steps,
-                       "batch_size": batch, "steps_per_epoch": spe, "eval_batches": args.eval_batches,
-                       "attn_options": json.dumps(attn_options, sort_keys=True, default=str),
-                       "attention_options": resolved_options_json(variant, {"flavor": flavor})}
-                if broadcast_object(store.is_done(key) if store else None, info):
-                    if not args.quiet and info.is_main:
-                        print(f"{NAME}: {variant}/{flavor} e{epochs} s{seed} already done, skipped")
-                    continue
-                run_dir = run_dir_of(out, key, context)
-                rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches,
-                                     args.fresh)
-                if res.status == "interrupted":
-                    print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from {run_dir}",
-                          file=sys.stderr)
-                    return 128 + res.signal if res.signal else 1
-                if store is not None:
-                    store.add(key, rows)
-                    if not args.keep_checkpoints:
-                        prune_checkpoints(run_dir)
-                exit_code = max(exit_code, int(res.status == "nan"))
+                out.append(({"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
+                             "flavor": flavor, "epochs": epochs, "seed": seed, "max_steps": cfg.max_steps,
+                             "batch_size": batch, "steps_per_epoch": spe, "eval_batches": args.eval_batches,
+                             "attn_options": json.dumps(attn_options, sort_keys=True, default=str),
+                             "attention_options": resolved_options_json(variant, {"flavor": flavor})}, cfg))
+    return out
+
+
+def _run(args, info: DistInfo) -> int:
+    if info.is_main:
+        ensure_out_dir(args.out)  # before the data is loaded (or downloaded)
+    preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
+    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env) if info.is_main else None
+    exit_code = 0
+    for key, cfg in _cells(args, preset, pairs, attn_options, overrides, data, batch):
+        if broadcast_object(store.is_done(key) if store else None, info):
+            if not args.quiet and info.is_main:
+                print(f"{NAME}: {key['variant']}/{key['flavor']} e{key['epochs']} s{key['seed']} already done, skipped")
+            continue
+        run_dir = run_dir_of(out, key, context)
+        rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches, args.fresh)
+        if res.status == "interrupted":
+            print(f"{NAME}: interrupted at step {res.step}; rerun the same command to resume from {run_dir}",
+                  file=sys.stderr)
+            return 128 + res.signal if res.signal else 1
+        if store is not None:
+            store.add(key, rows)
+            if not args.keep_checkpoints:
+                prune_checkpoints(run_dir)
+        exit_code = max(exit_code, int(res.status == "nan"))
     if store is not None:
-        comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, DEFAULT_VARIANTS)
-        print(report.format_comparison(comp))
-        print("\n".join(verdict_lines(verdicts)))
-        print(f"{NAME}: tables and plots in {out}")
+        _finish(out, store, env, args)
     return exit_code
+
+
+def _finish(out, store, env, args) -> int:
+    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, DEFAULT_VARIANTS)
+    print(report.format_comparison(comp))
+    print("\n".join(verdict_lines(verdicts)))
+    print(f"{NAME}: tables and plots in {out}")
+    return 0
+
+
+def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
+    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    info = DistInfo(device=resolve_device(args.device))
+    preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
+    cfgs = {json.dumps(k, sort_keys=True): c for k, c in _cells(args, preset, pairs, attn_options, overrides, data,
+                                                                  batch)}
+    rows_out = []
+    for key in unit:
+        run_dir = run_dir_of(out, key, context)
+        rows, res = run_cell(key, preset, data, cfgs[json.dumps(key, sort_keys=True)], info, run_dir, attn_options,
+                             args.eval_batches, args.fresh)
+        if res.status == "interrupted":
+            return None
+        if not args.keep_checkpoints:
+            prune_checkpoints(run_dir)
+        rows_out.append(rows)
+    return rows_out
+
+
+def plan(args) -> Plan:
+    """The cells as cluster jobs (``--launcher submitit``); local runs keep the DDP-aware loop of ``_run``."""
+    ensure_out_dir(args.out)
+    info = DistInfo(device=resolve_device(args.device))
+    preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
+    store = ResultStore(out, NAME, context, fresh=args.fresh, env=env)
+    cells = [k for k, _ in _cells(args, preset, pairs, attn_options, overrides, data, batch)]
+    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+                lambda: _finish(out, store, env, args),
+                describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']} e{u[0]['epochs']} s{u[0]['seed']}")
 
 
 @cli_main

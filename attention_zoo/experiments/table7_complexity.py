@@ -45,6 +45,8 @@ from .efficiency import (
     measure_cells,
     timing_for,
 )
+from .launchers import run_whole
+from .protocol import add_launcher_arguments
 
 NAME = "table7_complexity"
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def build_parser():
     p.add_argument("--seq-lens", type=positive_int, nargs="+", default=None, help="override the T sweep")
     p.add_argument("--d-models", type=positive_int, nargs="+", default=None, help="override the D sweep")
     add_measure_arguments(p)
-    return p
+    return add_launcher_arguments(p)
 
 
 def run(args) -> int:
@@ -257,4 +259,4 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
