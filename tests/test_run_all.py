@@ -22,12 +22,12 @@ def test_smoke_preset_covers_the_paper():
         args = smoke[table]
         seeds = args[args.index("--seeds") + 1:]
         assert len(seeds) >= 3 and args[args.index("--flavour") + 1] == "both"
-        assert "--variants" not in args or args[args.index("--variants") + 1] == "*"
+        assert "--variants" not in args or args[args.index("--variants") + 1] == "*,controls"  # + the control arms
     from attention_zoo.experiments.synthetic import PRESETS, build_parser
 
     assert PRESETS["smoke"].lambdas == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with λ = 0.2
     assert PRESETS["smoke"].des == (4, 8, 12, 16, 20)
-    assert len(build_parser().parse_args([]).seeds) >= 5
+    assert len(PRESETS["smoke"].seeds) >= 5 and len(PRESETS["decide"].seeds) >= 10
     cmd = script_command("appendix_e_kde", "smoke", "cpu", Path("somewhere"))
     assert cmd[cmd.index("--table1-dir") + 1] == str(Path("somewhere") / "table1_generation")
 
