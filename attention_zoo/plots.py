@@ -226,17 +226,17 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, titl
 
 def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xlabel: str, panel: str | None = None,
               flag: str | None = None, lo: str | None = None, hi: str | None = None, log: bool = False,
-              panel_title: str = "{}") -> Path:
+              panel_title: str = "{}", sharex: bool = False) -> Path:
     """Horizontal bars, one per ``y`` label (variant/flavour rows: readable with many long labels), colour by
     variant, hatch by flavour; ``panel`` gives one subplot per value (same unit, shared rows); ``lo``/``hi``
     columns draw error bars (e.g. q25/q75); bars whose boolean column ``flag`` is true (``unstable`` timings) are
-    faded and cross-hatched."""
+    faded and cross-hatched; ``sharex`` puts the panels on one x scale (counts of the same quantity)."""
     plt, _ = _plt()
     order = sort_labels(df[y].astype(str))
     styles = series_styles(order)
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 2.6, 1.2 + 0.28 * len(order)),
-                             squeeze=False, sharey=True)
+                             squeeze=False, sharey=True, sharex=sharex)
     pos = {lab: i for i, lab in enumerate(order)}
     any_flag = False
     for ax, pv in zip(axes[0], panels):

@@ -6,9 +6,11 @@ instead of branching on its name.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import inspect
 import json
+import re
 from dataclasses import dataclass
 
 # Who reads each flag is listed in docs/design.md ("No branching on names").
@@ -163,8 +165,17 @@ _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
 def _parse_value(raw: str, bool_option: bool = False):
-    """A ``key=value`` value: bool options take true/false/yes/no/1/0 only; otherwise int, float or string."""
+    """A ``key=value`` value: bool options take true/false/yes/no/1/0 only; ``(a, b)`` is a tuple of numbers
+    (``()`` the empty one); otherwise int, float or string."""
     low = raw.strip().lower()
+    if low.startswith("(") and low.endswith(")"):
+        try:
+            items = ast.literal_eval(f"({low[1:-1]},)" if low[1:-1].strip() else "()")
+        except (SyntaxError, ValueError):
+            raise ValueError(f"expected a tuple of numbers such as (256, 512), got {raw!r}") from None
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+            raise ValueError(f"expected a tuple of numbers such as (256, 512), got {raw!r}")
+        return tuple(items)
     if bool_option:
         if low in _TRUE or low in _FALSE:
             return low in _TRUE
@@ -188,7 +199,7 @@ def parse_option_rows(items: list[str]) -> list[tuple[str, dict, str]]:
     out = []
     for item in items:
         name, sep, rest = item.partition(":")
-        pairs = [kv for kv in rest.split(",") if kv]
+        pairs = [kv for kv in re.split(r",(?![^()]*\))", rest) if kv]  # commas inside (...) belong to a tuple
         if not sep or not pairs or any("=" not in kv for kv in pairs):
             raise ValueError(f"extra: expected name:key=value[,key=value], got {item!r}")
         get_attention_spec(name.strip())

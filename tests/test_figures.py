@@ -1,5 +1,5 @@
 """Figure rules: one fixed colour per variant in every figure, flavours by line style or hatch, legends outside the
-data, one unit per axis (GFLOP and GMAC apart), log-log scaling plots, KDEs of non-negative scores bounded at 0."""
+data, one unit per axis, log-log scaling plots, KDEs of non-negative scores bounded at 0."""
 
 import matplotlib
 
@@ -28,7 +28,6 @@ def figures(monkeypatch):
         return path
 
     monkeypatch.setattr(plots, "atomic_savefig", keep)
-    monkeypatch.setattr(table2_efficiency, "barh_plot", plots.barh_plot)
     yield saved
     plt.close("all")
 
@@ -103,21 +102,26 @@ def test_bar_plot_colours_by_variant_and_hatches_damcha_repo(figures, tmp_path):
     assert len(ax.get_lines()) >= 6  # an error bar per bar (95 % t-interval over the 3 seeds)
 
 
-def test_table2_gflop_and_gmac_never_share_an_axis_and_bars_keep_variant_colours(figures, tmp_path):
+def test_table2_figures_one_unit_per_axis_shared_gflop_scale_and_variant_colours(figures, tmp_path):
     rows = []
     for v, f in (("mha", "paper"), ("damcha", "paper"), ("tha", "damcha_repo")):
         for metric, unit, val in (("fwd_gflops_analytic", "GFLOP", 1.0), ("flop_counter_gflops", "GFLOP", 1.1),
                                   ("fvcore_gmacs", "GMAC", 0.5), ("latency_fwd_median_ms", "ms", 3.0),
                                   ("latency_fwd_q25_ms", "ms", 2.5), ("latency_fwd_q75_ms", "ms", 3.5),
                                   ("peak_train_rss_mib", "MiB", 10.0)):
-            rows.append({"setting": "CIFAR-10/100", "variant": v, "flavour": f, "metric": metric, "unit": unit,
-                         "value": val, "status": "ok", "unstable": v == "tha"})
+            rows.append({"setting": "CIFAR-10/100", "seq_len": 64, "batch": 1, "device": "cpu", "preset": "smoke",
+                         "variant": v, "flavour": f, "metric": metric, "unit": unit, "value": val, "status": "ok",
+                         "unstable": v == "tha"})
     paths = table2_efficiency.plots(pd.DataFrame(rows), tmp_path)
     names = {p.name if hasattr(p, "name") else str(p).rsplit("/", 1)[-1] for p in paths}
-    assert {"table2_efficiency_gflops_cifar-10.png", "table2_efficiency_gmacs_cifar-10.png"} <= names
-    gflops, gmacs = figures["table2_efficiency_gflops_cifar-10.png"], figures["table2_efficiency_gmacs_cifar-10.png"]
+    assert "table2_efficiency_gflops_cifar-10.png" in names
+    assert not any("gmacs" in n for n in names)  # fvcore's MACs are half the FLOPs: no duplicate figure
+    gflops = figures["table2_efficiency_gflops_cifar-10.png"]
     assert all("GFLOP" in ax.get_xlabel() and "GMAC" not in ax.get_xlabel() for ax in gflops.axes)
-    assert all("GMAC" in ax.get_xlabel() for ax in gmacs.axes)
+    assert len({ax.get_xlim() for ax in gflops.axes}) == 1  # the counts share one scale
+    memory = figures["table2_efficiency_memory_cifar-10.png"]
+    assert "CPU RSS increment, batch 1" in memory.axes[0].get_xlabel()
+    assert "smoke preset, cpu" in memory._suptitle.get_text()
     lat = figures["table2_efficiency_latency_cifar-10.png"].axes[0]
     bars = {lat.get_yticklabels()[round(b.get_y() + b.get_height() / 2)].get_text(): b for b in lat.patches}
     assert to_hex(bars["damcha/paper"].get_facecolor()) == "#d55e00"

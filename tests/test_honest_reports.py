@@ -82,6 +82,17 @@ def test_table2_marks_unstable_numbers_in_markdown(tmp_path):
     assert png and all(p.exists() for p in png)
 
 
+def test_table2_an_unstable_mha_baseline_marks_every_ratio_of_its_setting():
+    df = _t2_rows(unstable=False)
+    df.loc[(df["variant"] == "mha") & (df["metric"] == "latency_fwd_median_ms"), "unstable"] = True
+    wide = t2.wide_frame(df)
+    shown = mark_values(wide, t2.unstable_marks(df, wide), t2.INDEX)
+    tha = shown[shown["variant"] == "tha"].iloc[0]
+    assert str(tha["fwd latency / MHA"]).endswith(UNSTABLE_MARK)  # its denominator is unstable
+    assert not str(tha["fwd ms (median)"]).endswith(UNSTABLE_MARK)  # its own timing is not
+    assert not str(tha["fwd+bwd latency / MHA"]).endswith(UNSTABLE_MARK)
+
+
 # ---- comparison rules -------------------------------------------------------------------------------------------
 def test_not_comparable_rows_get_no_delta():
     df = comparison_frame([{"what": "a", "paper": 10.0, "ours": 12.0, "note": "not comparable: smoke on digits"},
@@ -117,6 +128,23 @@ def test_table2_memory_ratio_says_what_was_measured():
     comp = t2.paper_comparison(pd.DataFrame(rows), "paper")
     mem = comp[comp["what"].str.contains("memory")].iloc[0]
     assert "CPU peak RSS" in mem["note"] and "GPU allocation" in mem["note"]
+    assert mem["note"].startswith("not comparable") and math.isnan(mem["delta"])  # no delta across devices
+
+
+def test_table2_compares_the_paper_gflops_like_for_like_and_explains_counter_gaps():
+    from attention_zoo.experiments.table2_report import gap_notes
+
+    rows = [{"variant": v, "flavour": "paper", "seq_len": 64, "metric": "fwd_gflops_analytic", "value": g,
+             "status": "ok", "unit": "GFLOP", "setting": "CIFAR-10/100"}
+            for v, g in (("damcha", 0.22), ("damcha[hidden_dims=()]", 0.08))]
+    comp = t2.paper_comparison(pd.DataFrame(rows), "smoke")
+    like = comp[comp["what"].str.contains(r"hidden_dims=\(\)", regex=True)].iloc[0]
+    assert like["ours"] == pytest.approx(0.08) and not math.isnan(like["delta"])
+    default = comp[comp["what"].str.contains("default generator")].iloc[0]
+    assert default["ours"] == pytest.approx(0.22) and math.isnan(default["delta"])
+    flags = pd.DataFrame([{"variant": "tha", "flavour": "paper", "metric": "flop_counter_agrees", "value": 0.0,
+                           "setting": "WMT"}])
+    assert "causal" in gap_notes(flags)  # THA declares why its counters see less than the analytic count
 
 
 # ---- one schema -------------------------------------------------------------------------------------------------

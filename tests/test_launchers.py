@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import submitit  # noqa: F401  (the dev extra installs it: a missing submitit fails here instead of skipping)
 import torch
 
-pytest.importorskip("submitit")
-
-from attention_zoo.experiments import synthetic as exp  # noqa: E402
-from attention_zoo.experiments.protocol import EXPERIMENTS, execute  # noqa: E402
+from attention_zoo.experiments import synthetic as exp
+from attention_zoo.experiments.protocol import EXPERIMENTS, execute
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--variants", "mha,damcha", "--seeds", "0", "1", "--lambda", "1", "--task", "regression", "--workers", "1",

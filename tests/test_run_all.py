@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from attention_zoo.experiments.results_index import SECTIONS, missing_outputs
-from attention_zoo.experiments.run_all import SCRIPT_ARGS, SCRIPTS, script_command
+from attention_zoo.experiments.run_all import SCRIPT_ARGS, SCRIPTS, launch_arguments, script_command
 
 ROOT = Path(__file__).resolve().parents[1]
 # The tiny preset skips RowSum's diag_vs_full section (300 training steps), the only source of its figures.
@@ -23,13 +23,30 @@ def test_smoke_preset_covers_the_paper():
         seeds = args[args.index("--seeds") + 1:]
         assert len(seeds) >= 3 and args[args.index("--flavour") + 1] == "both"
         assert "--variants" not in args or args[args.index("--variants") + 1] == "*,controls"  # + the control arms
-    from attention_zoo.experiments.synthetic import PRESETS, build_parser
+    from attention_zoo.experiments.synthetic import PRESETS
 
     assert PRESETS["smoke"].lambdas == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with λ = 0.2
     assert PRESETS["smoke"].des == (4, 8, 12, 16, 20)
     assert len(PRESETS["smoke"].seeds) >= 5 and len(PRESETS["decide"].seeds) >= 10
     cmd = script_command("appendix_e_kde", "smoke", "cpu", Path("somewhere"))
     assert cmd[cmd.index("--table1-dir") + 1] == str(Path("somewhere") / "table1_generation")
+
+
+def test_all_py_passes_the_launcher_to_the_experiments_only():
+    import argparse
+
+    from attention_zoo.experiments.protocol import add_launcher_arguments
+
+    args = add_launcher_arguments(argparse.ArgumentParser()).parse_args(
+        ["--launcher", "submitit", "--slurm-partition", "gpu", "--slurm-extra", "slurm_mem_gb=8"])
+    launch = launch_arguments(args)
+    assert launch == ["--launcher", "submitit", "--slurm-partition", "gpu", "--slurm-extra", "slurm_mem_gb=8"]
+    for name in ("synthetic", "table2_efficiency", "synthetic_decide"):
+        preset = "decide" if name == "synthetic_decide" else "smoke"
+        assert script_command(name, preset, "cpu", Path("r"), None, launch)[-len(launch):] == launch
+    assert "--launcher" not in script_command("benchmark", "smoke", "cpu", Path("r"), None, launch)  # timed here
+    local = add_launcher_arguments(argparse.ArgumentParser()).parse_args([])
+    assert launch_arguments(local) == []
 
 
 def test_all_py_tiny_writes_every_section_and_figure(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from attention_zoo.experiments.paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops, paper_macs
 from attention_zoo.experiments.table2_efficiency import NAME, paper_comparison, wide_frame
@@ -84,3 +85,31 @@ def test_cli_end_to_end_and_rerun_skips(tmp_path):
     long = pd.read_csv(tmp_path / f"{NAME}_long.csv")
     after = long[long["metric"] == "total_params"]["value"].tolist()
     assert len(before) == len(after) == 1 and after[0] == before[0] + 44 * 128  # only the new cell is shown
+
+
+def _saved_mib(name: str, dropout: float, T: int = 256) -> float:
+    """MiB autograd keeps for backward of one causal training forward (B=1, D=128, H=8)."""
+    import attention_zoo as zoo
+
+    torch.manual_seed(0)
+    attn = zoo.create_attention(name, d_model=128, n_heads=8, causal=True, dropout=dropout).train()
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attn(torch.randn(1, T, 128, requires_grad=True))
+    return sum(sizes) / 2**20
+
+
+def test_tha_memory_note_holds_mha_with_dropout_keeps_more_than_tha():
+    """THA's declared memory_note (Table 2 prints it where THA trains in less memory than MHA): on CPU, MHA with
+    attention dropout keeps several T x T tensors per layer, THA's chunked causal core fewer."""
+    from attention_zoo.variants.tha import TalkingHeadsAttention
+
+    assert "dropout" in TalkingHeadsAttention.memory_note
+    mha_drop, mha_plain, tha_drop = _saved_mib("mha", 0.1), _saved_mib("mha", 0.0), _saved_mib("tha", 0.1)
+    assert mha_drop > 3 * mha_plain  # the dropout path materialises the weights
+    assert tha_drop < 0.5 * mha_drop

@@ -30,7 +30,7 @@ from ..io import atomic_write_json
 from ..results import ensure_out_dir
 from ..workers import child_preexec
 from .common import HelpFormatter, cli_main, positive_int
-from .protocol import EXPERIMENTS
+from .protocol import EXPERIMENTS, LAUNCH_OPTIONS, add_launcher_arguments
 from .results_index import RUN_RECORD, build_index
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +100,27 @@ def shown_command(cmd: list[str]) -> str:
     return shlex.join(["python", *(rel(a) for a in cmd[1:])])
 
 
-def script_command(name: str, preset: str, device: str, results: Path, threads: int | None = None) -> list[str]:
-    """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset)."""
+def launch_arguments(args: argparse.Namespace) -> list[str]:
+    """all.py's launcher options as the experiment scripts take them (nothing for the local default)."""
+    if getattr(args, "launcher", "local") == "local":
+        return []
+    parser = add_launcher_arguments(argparse.ArgumentParser())
+    out = []
+    for action in parser._actions:
+        key = action.dest
+        if key not in LAUNCH_OPTIONS or getattr(args, key, None) in (None, action.default, []):
+            continue
+        value = getattr(args, key)
+        out += [action.option_strings[0], *([str(v) for v in value] if isinstance(value, list) else [str(value)])]
+    return out
+
+
+def script_command(name: str, preset: str, device: str, results: Path, threads: int | None = None,
+                   launch: list[str] | None = None) -> list[str]:
+    """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset); ``launch``:
+    launcher options, passed to the experiment scripts (the benchmarks run here)."""
     extra = SCRIPT_ARGS[preset].get(name, []) + ([] if threads is None else ["--threads", str(threads)])
+    extra += (launch or []) if name in EXPERIMENTS or name == "synthetic_decide" else []
     if name == "synthetic_decide":
         return [sys.executable, str(REPRODUCE / "synthetic.py"), "--preset", "decide", "--device", device, "--out",
                 str(results / name), "--quiet", *extra]
@@ -149,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch CPU threads of every script (default: each script's own choice)")
     p.add_argument("--only", default=None, help="comma-separated subset of the preset's scripts (default: all)")
     p.add_argument("--index-only", action="store_true", help="only rebuild results/README.md")
+    add_launcher_arguments(p)  # passed on to every experiment script (docs/cluster.md)
     args = p.parse_args(argv)
     scripts = scripts_of(args.preset)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else list(scripts)
@@ -171,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         record["runs"] = [r for r in record.get("runs", []) if r.get("run_id") != run["run_id"]] + [run]
         t_run, cpu_run = time.perf_counter(), _children_cpu()
         for name in todo:
-            cmd = script_command(name, args.preset, args.device, results, args.threads)
+            cmd = script_command(name, args.preset, args.device, results, args.threads, launch_arguments(args))
             shown = shown_command(cmd)
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]

@@ -99,6 +99,9 @@ class AttentionBase(nn.Module, abc.ABC):
     stack_shared = False
     has_metric = False
     rotary_ok = False  # applies the rotary positions handed to forward (``rotary``) to its queries and keys
+    # Why a measurement differs from what the formulas lead one to expect; reports print them where it shows.
+    flop_count_note = ""  # the FLOP counters vs analytic_flops
+    memory_note = ""  # training memory below MHA's
     flavors: tuple[str, ...] = ("paper",)
     registry_name = "?"
 

@@ -34,6 +34,15 @@ class TalkingHeadsAttention(AttentionBase):
     needs_full_logits = True
     rotary_ok = True
     flavors = ("paper", "damcha_repo")
+    flop_count_note = (
+        "causal, the chunked core computes only the key blocks at or below the diagonal (query blocks of "
+        "`query_chunk` = 64 rows), so FlopCounterMode and fvcore see (n + 1)/2n of the T x T work (logits, both "
+        "head mixes, A·V; n = T/64 blocks), while analytic_flops counts the method's full T x T cost")
+    memory_note = (
+        "with attention dropout, MHA's SDPA call takes PyTorch's unfused math path on CPU, which keeps the logits, "
+        "the softmax, the dropout mask and the dropped weights of every layer for backward, while THA's chunked "
+        "core keeps one weights tensor and its dropout mask, and (causal) only the key blocks at or below the "
+        "diagonal (tests/test_table2.py measures both with saved-tensor hooks)")
     query_chunk = 64  # rows per block of the chunked core: exact for any value, 4 MiB blocks at H=8, S=512
 
     def __init__(
