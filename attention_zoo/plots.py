@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .io import atomic_savefig
@@ -185,23 +186,38 @@ def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title
 
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
               loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
-              panel_title: str = "{}") -> Path:
+              panel_title: str = "{}", ref_slopes: dict[str, float] | None = None, nested: bool = False) -> Path:
     """One line per ``hue`` series (mean over repeated rows, e.g. seeds, with an ``errorbar`` band: default the
     95 % Student-t interval), colour by variant, dashed for ``damcha_repo``, dotted for option rows; ``panel`` makes
-    one subplot per value (shared y); ``loglog``: log2 x, log10 y. The legend sits outside the data."""
+    one subplot per value (shared y); ``loglog``: log2 x, log10 y. ``ref_slopes`` ({"∝ T²": 2, …}, log-log only)
+    draws grey reference power laws through each panel's smallest x; ``nested`` draws the series as open markers
+    shrinking in drawing order, so series that coincide show as concentric rings instead of hiding each other.
+    The legend sits outside the data."""
     plt, sns = _plt()
     labels = sort_labels(df[hue].astype(str))
     styles = series_styles(labels)
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1.8, 3.8), squeeze=False, sharey=True)
     data = df.assign(**{hue: df[hue].astype(str)})
+    n = max(1, len(labels) - 1)
     for ax, pv in zip(axes[0], panels):
         part = data if panel is None else data[data[panel] == pv]
-        for lab in labels:
+        for i, lab in enumerate(labels):
             sub = part[part[hue] == lab]
             if sub.empty:
                 continue
-            sns.lineplot(data=sub, x=x, y=y, errorbar=errorbar, label=lab, ax=ax, markersize=4, **styles[lab].line)
+            extra = ({"markersize": 3.5 + 8.0 * (n - i) / n, "fillstyle": "none", "markeredgewidth": 1.2,
+                      "markeredgecolor": styles[lab]["color"], "linewidth": 0.8 + 1.4 * (n - i) / n}
+                     if nested else {"markersize": 4})
+            sns.lineplot(data=sub, x=x, y=y, errorbar=errorbar, label=lab, ax=ax, **styles[lab].line, **extra)
+        if ref_slopes and loglog and not part.empty:
+            means = part.groupby(x)[y].mean()
+            xs = means.index.to_numpy(float)
+            y0 = float(np.exp(np.log(part[part[x] == xs.min()][y].clip(lower=1e-30)).mean()))
+            dashes = [(0, (1, 2)), (0, (5, 2, 1, 2)), (0, (6, 3))]
+            for j, (name, k) in enumerate(ref_slopes.items()):
+                ax.plot(xs, y0 * (xs / xs.min()) ** k, color="#888888", linestyle=dashes[j % len(dashes)],
+                        linewidth=1.0, label=name, zorder=0)
         if panel is not None:
             ax.set_title(panel_title.format(pv), fontsize=9)
         ax.set_xlabel(xlabel if xlabel is not None else x)

@@ -131,17 +131,25 @@ def test_table2_figures_one_unit_per_axis_shared_gflop_scale_and_variant_colours
 
 def test_table7_scaling_plots_are_log_log_with_one_line_per_variant(figures, tmp_path):
     rows = [{"variant": v, "flavour": f, "causal": c, "seq_len": T, "d_model": 64, "metric": "fwd_gflops_analytic",
-             "unit": "GFLOP", "value": T * (2 if v == "damcha" else 1), "status": "ok"}
-            for v, f in (("mha", "paper"), ("damcha", "paper"), ("tha", "damcha_repo")) for c in (False, True)
-            for T in (128, 256, 512)]
-    df = pd.DataFrame(rows)
+             "unit": "GFLOP", "value": T * (2 if v == "damcha" else 1), "status": "ok", "preset": "smoke",
+             "device": "cpu", "batch": 1, "n_heads": 4}
+            for v, f in (("mha", "paper"), ("mma", "paper"), ("damcha", "paper"), ("tha", "damcha_repo"))
+            for c in (False, True) for T in (128, 256, 512)]
+    df = pd.DataFrame(rows)  # MMA's values equal MHA's: the nested markers must keep both visible
     table7_complexity.scaling_plots(df, df.iloc[0:0], tmp_path)
     fig = figures["table7_complexity_fwd_gflops_analytic_vs_seq_len.png"]
     assert len(fig.axes) == 2  # non-causal and causal panels
+    title = fig._suptitle.get_text()
+    assert title.count("(") == title.count(")") and "smoke preset, cpu" in title and "D = 64" in title
     for ax in fig.axes:
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-        labels = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
-        assert sorted(labels) == ["damcha/paper", "mha/paper", "tha/damcha_repo"]  # one line each, no duplicates
+        lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+        assert set(lines) == {"damcha/paper", "mha/paper", "mma/paper", "tha/damcha_repo", "∝ T¹", "∝ T²"}
+        sizes = {lab: lines[lab].get_markersize() for lab in ("mha/paper", "mma/paper")}
+        assert sizes["mha/paper"] != sizes["mma/paper"]  # concentric rings, not one marker hiding the other
+        ref = lines["∝ T²"]
+        x, y = ref.get_xdata(), ref.get_ydata()
+        assert np.log(y[-1] / y[0]) / np.log(x[-1] / x[0]) == pytest.approx(2.0)
 
 
 def test_kde_of_non_negative_scores_is_bounded_at_zero():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attention_zoo.experiments.table7_complexity import NAME, fit_slopes
+from attention_zoo.experiments.table7_complexity import NAME, fit_slopes, slopes_wide
 from attention_zoo.measure.complexity import complexity_numbers, generator_cost, params_frame
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +50,16 @@ def test_fit_slopes_recovers_exponents():
                                                                                        0.1, 1.0))])
     slopes = fit_slopes(df, "seq_len").set_index("metric")["slope"]
     assert slopes["fwd_gflops_analytic"] == pytest.approx(2.0) and slopes["latency_fwd_median_ms"] == pytest.approx(1.0)
+
+
+def test_constant_dominated_memory_exponents_are_flagged():
+    T = np.array([128, 256, 512, 1024])
+    rows = [{"variant": v, "flavour": "paper", "causal": False, "seq_len": t, "metric": "peak_fwd_bwd_rss_mib",
+             "value": mib, "status": "ok"}
+            for t in T for v, mib in (("flat", 40.0 + 1e-3 * t), ("grows", 1e-4 * t**2))]
+    wide = slopes_wide(pd.DataFrame(rows), pd.DataFrame()).set_index("variant")
+    assert "memory ~ T: max/min 1.02" in wide.loc["flat", "constant-dominated"]
+    assert wide.loc["grows", "constant-dominated"] == "" and wide.loc["grows", "memory ~ T^"] == pytest.approx(2.0)
 
 
 def _cli(out: Path) -> subprocess.CompletedProcess:

@@ -49,6 +49,9 @@ from .launchers import run_whole
 from .protocol import add_launcher_arguments
 
 NAME = "table7_complexity"
+CONSTANT_DOMINATED = 1.5  # a memory fit whose max/min over the sweep is below this measures constants, not scaling
+
+
 @dataclass(frozen=True)
 class Preset:
     """The scaling sweep: T over ``seq_lens`` at ``d_model``, D over ``d_models`` at ``seq_len``."""
@@ -62,8 +65,8 @@ class Preset:
 
 
 PRESETS = {
-    "smoke": Preset(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(32, 64, 128), seq_len=256, n_heads=4,
-                    batch=1),
+    "smoke": Preset(seq_lens=(128, 256, 512, 1024), d_model=64, d_models=(16, 32, 64, 128, 256), seq_len=256,
+                    n_heads=4, batch=1),
     "paper": Preset(seq_lens=(128, 256, 512, 1024, 2048, 4096), d_model=512, d_models=(128, 256, 512, 1024),
                     seq_len=1024, n_heads=8, batch=1),
 }
@@ -103,18 +106,22 @@ FITTED = {"fwd_gflops_analytic": "FLOPs (analytic)", "flop_counter_gflops": "FLO
 
 
 def fit_slopes(df: pd.DataFrame, x: str) -> pd.DataFrame:
-    """log-log slope of each metric vs ``x`` per (variant, flavour, causal); positive values only, ≥ 2 points."""
+    """log-log slope of each metric vs ``x`` per (variant, flavour, causal); positive values only, ≥ 2 points;
+    ``span``: max/min of the fitted values (a memory span near 1 means constant terms dominate the fit)."""
     out = []
     ok = df[(df["status"] == "ok") & (df["value"] > 0) & df["metric"].isin(list(FITTED))]
     for key, g in ok.groupby(["variant", "flavour", "causal", "metric"]):
         pts = g.groupby(x)["value"].mean()
         if len(pts) >= 2:
             slope = float(np.polyfit(np.log(pts.index.to_numpy(float)), np.log(pts.to_numpy(float)), 1)[0])
-            out.append(dict(zip(["variant", "flavour", "causal", "metric"], key), slope=slope, points=len(pts)))
+            out.append(dict(zip(["variant", "flavour", "causal", "metric"], key), slope=slope, points=len(pts),
+                            span=float(pts.max() / pts.min())))
     return pd.DataFrame(out)
 
 
 def slopes_wide(t_df: pd.DataFrame, d_df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (variant, flavour, causal): the fitted exponents; a memory exponent whose values span less than
+    CONSTANT_DOMINATED over the sweep is listed in ``constant-dominated`` instead of being read as a scaling law."""
     parts = []
     for frame, x in ((t_df, "seq_len"), (d_df, "d_model")):
         s = fit_slopes(frame, x) if not frame.empty else pd.DataFrame()
@@ -124,19 +131,33 @@ def slopes_wide(t_df: pd.DataFrame, d_df: pd.DataFrame) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame()
     s = pd.concat(parts)
-    return s.pivot_table(index=["variant", "flavour", "causal"], columns="column", values="slope").reset_index()
+    keys = ["variant", "flavour", "causal"]
+    wide = s.pivot_table(index=keys, columns="column", values="slope").reset_index()
+    flat = s[(s["metric"].map(FITTED) == "memory") & (s["span"] < CONSTANT_DOMINATED)]
+    notes = flat.groupby(keys).apply(
+        lambda g: "; ".join(f"{c}: max/min {v:.2f}" for c, v in zip(g["column"].str.rstrip("^"), g["span"])),
+        include_groups=False)
+    wide["constant-dominated"] = [notes.get(tuple(r[k] for k in keys), "") for _, r in wide.iterrows()]
+    return wide
 
 
 AXIS = {"seq_len": "sequence length T (tokens, log₂)", "d_model": "model width D (log₂)"}
-PLOTTED = {"fwd_gflops_analytic": "forward GFLOP (analytic), log", "latency_fwd_median_ms":
-           "forward latency, median (ms), log", "peak_fwd_bwd_alloc_mib": "peak fwd+bwd memory (MiB, CUDA), log",
-           "peak_fwd_bwd_rss_mib": "peak fwd+bwd memory (MiB, CPU RSS), log"}
+PLOTTED = {"fwd_gflops_analytic": ("forward GFLOP (analytic)", "forward GFLOP (analytic), log"),
+           "latency_fwd_median_ms": ("forward latency", "forward latency, median (ms), log"),
+           "peak_fwd_bwd_alloc_mib": ("peak fwd+bwd memory", "peak fwd+bwd memory (MiB, CUDA allocated), log"),
+           "peak_fwd_bwd_rss_mib": ("peak fwd+bwd memory", "peak fwd+bwd memory (MiB, CPU RSS), log")}
+
+
+def _first(frame: pd.DataFrame, col: str, default: str = "?") -> str:
+    vals = frame[col].dropna().unique() if col in frame else []
+    return str(vals[0]) if len(vals) else default
 
 
 def scaling_plots(t_df: pd.DataFrame, d_df: pd.DataFrame, out: Path) -> list[Path]:
     """Log-log scaling plots, one per metric and sweep: one line per variant (its fixed colour; damcha_repo dashed,
-    option rows dotted), non-causal and causal side by side. One measurement per point (the latency IQR is in the
-    long CSV), so no error bars."""
+    option rows dotted) as nested open markers, so coinciding series stay visible, with ∝ x¹ and ∝ x² reference
+    slopes; non-causal and causal side by side. One measurement per point (the latency IQR is in the long CSV), so
+    no error bars."""
     paths = []
     for frame, x in ((t_df, "seq_len"), (d_df, "d_model")):
         ok = frame[(frame["status"] == "ok") & (frame["value"] > 0)].copy() if not frame.empty else frame
@@ -145,13 +166,18 @@ def scaling_plots(t_df: pd.DataFrame, d_df: pd.DataFrame, out: Path) -> list[Pat
         ok["row"] = ok["variant"] + "/" + ok["flavour"]
         ok["masking"] = ok["causal"].map({True: "causal", False: "non-causal"})
         ok = ok.sort_values(["causal", "row"], kind="stable")
+        sym = "T" if x == "seq_len" else "D"
+        fixed = (f"D = {int(ok['d_model'].iloc[0])}" if x == "seq_len" else f"T = {int(ok['seq_len'].iloc[0])}")
+        where = (f"{_first(ok, 'preset')} preset, {_first(ok, 'device')}, batch {_first(ok, 'batch')}, "
+                 f"H = {_first(ok, 'n_heads')}, {fixed}")
         for metric, g in ok.groupby("metric"):
             if metric not in PLOTTED:
                 continue
+            what, ylabel = PLOTTED[metric]
             paths.append(line_plot(g, x, "value", "row", out / f"{NAME}_{metric}_vs_{x}.png",
-                                   f"Table 7: {PLOTTED[metric].split(',')[0]} vs {x.replace('_', ' ')} "
-                                   "(single attention layer)", PLOTTED[metric], loglog=True, errorbar=None,
-                                   xlabel=AXIS[x], panel="masking"))
+                                   f"Table 7: {what} vs {sym}, single attention layer ({where})", ylabel,
+                                   loglog=True, errorbar=None, xlabel=AXIS[x], panel="masking",
+                                   ref_slopes={f"∝ {sym}¹": 1.0, f"∝ {sym}²": 2.0}, nested=True))
     return paths
 
 
@@ -233,13 +259,18 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
     order = list(dict.fromkeys(comp["component"]))  # as built: projections first, totals and params last
     nums = comp.pivot_table(index=["size", "causal", "component"], columns="column", values="value").reset_index()
     nums["_k"] = nums["component"].map(order.index)
-    nums = nums.sort_values(["size", "causal", "_k"])[["size", "causal", "component", *dict.fromkeys(comp["column"])]]
+    sizes = comp.drop_duplicates("size").set_index("size")[["L", "D", "H", "N"]]
+    nums = nums.join(sizes, on="size")
+    nums = nums.sort_values(["size", "causal", "_k"])[["size", "L", "D", "H", "N", "causal", "component",
+                                                       *dict.fromkeys(comp["column"])]]
     cols = ["reading of P", "N", "sharing", "G", "MHA attention", "DAMCHA attention", "attention ratio",
             "attention reduction %", "MHA whole model", "DAMCHA whole model", "whole-model ratio"]
     return "\n".join([
         "## Complexity (docs/variants.md §8), MACs per layer for one sequence of length L", "",
         markdown_table(formulas), "G_c: MACs of one generator call (fused RowSum: the last layer runs D²/H outputs); "
-        "G: generator parameters.", "", "### Numbers (MACs per layer; attention params per stack)", "",
+        "G: generator parameters.", "",
+        "### Numbers (MACs per layer; attention params per stack): computed from these formulas, not measured", "",
+        "L: sequence length, D: width, H: heads, N: layers of each size below.", "",
         markdown_table(nums, floatfmt=".4g"),
         "## Parameter counts at GPT-2 scale (d=768, w=1536, P=9) under the readings of P (docs/experiments.md §7)", "",
         "Claims (reported, not asserted): (A) parity with MHA at N=12; (B) ≈25 % fewer attention parameters for "
@@ -251,7 +282,9 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
         f"{list(sweep['d_models'])} at T={sweep['seq_len']}. FLOPs: forward (analytic, FlopCounterMode); time: "
         "forward median; memory: peak of one forward+backward step (CUDA allocated / CPU RSS of a fresh process); "
         "attention core: the registry's capability flags (fused: SDPA keeps no [B,H,T,S] tensor, so memory can grow "
-        "~T; full logits / explicit: the [B,H,T,S] weights are kept, ~T²). "
+        "~T; full logits / explicit: the [B,H,T,S] weights are kept, ~T²). A memory exponent whose values span less "
+        f"than ×{CONSTANT_DOMINATED} over its sweep (column `constant-dominated`) is dominated by constant terms "
+        "(parameters, allocator, the process) rather than by the activations, so it is no scaling law. "
         "At smoke sizes on a CPU, per-call overhead dominates the forward time, so the time exponents are not "
         "asymptotic; read them from `--preset paper` on a GPU.",
     ])
