@@ -294,10 +294,14 @@ def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xl
     return out
 
 
-def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False) -> None:
+def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False,
+             bounds: tuple[float | None, float | None] | None = None, counts: bool = False) -> None:
     """One Gaussian KDE per ``hue`` series (each normalised on its own), colour by variant, dashed for
-    ``damcha_repo``; a non-negative score's density is bounded at 0 (``clip=(0, None)``, no mass drawn below)."""
+    ``damcha_repo``; ``bounds`` (lo, hi), e.g. (0, None) for a non-negative score or (0, 1) for an F1, keep every
+    density inside the metric's range (``clip``, no mass drawn outside; ``non_negative`` is (0, None)). The x axis
+    follows the data, not the bound. ``counts`` puts each curve's n in its legend label."""
     _, sns = _plt()
+    bounds = bounds if bounds is not None else ((0.0, None) if non_negative else None)
     labels = sort_labels(df[hue].astype(str))
     styles = series_styles(labels)
     for lab in labels:
@@ -305,10 +309,8 @@ def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False)
         if len(vals) < 2:
             continue
         sns.kdeplot(x=vals.to_numpy(float), ax=ax, color=styles[lab]["color"], linestyle=styles[lab]["linestyle"],
-                    label=lab, warn_singular=False, clip=(0.0, None) if non_negative else None,
-                    cut=0 if non_negative else 3)
-    if non_negative:
-        ax.set_xlim(left=0.0)
+                    label=f"{lab} (n = {len(vals)})" if counts else lab, warn_singular=False,
+                    clip=bounds, cut=0 if bounds is not None else 3)
 
 
 def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: str, ylabel: str, xlabel: str,

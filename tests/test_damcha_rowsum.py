@@ -158,3 +158,13 @@ def test_rowsum_linear_function_matches_autograd_through_the_fold(scaled):
     assert_close(got, want, rtol=0, atol=0)
     for a, c in zip(grads, want_grads):
         assert_close(a, c)
+
+
+def test_rowsum_report_keeps_the_final_diag_vs_full_rows_and_draws_every_curve(tmp_path, monkeypatch):
+    from attention_zoo.experiments import rowsum_analysis as ra
+
+    monkeypatch.setitem(ra.PRESETS, "smoke", {**ra.PRESETS["smoke"], "diag_steps": 2, "probes": 2})
+    assert ra.main(["--sections", "diag_vs_full", "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0
+    md = (tmp_path / "rowsum_analysis.md").read_text()
+    assert "rel_dist_diag_vs_full_over_H" in md and "val_loss[full]" in md  # the curves' last point is in the table
+    assert (tmp_path / "block_inference_losses.png").is_file() and (tmp_path / "diag_vs_full_over_H.png").is_file()

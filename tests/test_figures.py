@@ -166,6 +166,25 @@ def test_kde_of_non_negative_scores_is_bounded_at_zero():
     plt.close(fig)
 
 
+def test_appendix_e_kdes_stay_in_each_scores_range_and_state_n(figures, tmp_path, monkeypatch):
+    from attention_zoo.experiments import appendix_e_kde
+
+    monkeypatch.setattr(appendix_e_kde, "atomic_savefig", plots.atomic_savefig)  # the fixture's keeper
+
+    rng = np.random.default_rng(0)
+    n = 64
+    df = pd.DataFrame({"nll": rng.normal(2.7, 0.15, 2 * n), "bertscore_f1": rng.beta(2, 12, 2 * n),
+                       "label": ["mha/paper"] * n + ["damcha/paper"] * n, "seed": [0, 1] * n})
+    appendix_e_kde.kde_figure(df, "concepts", tmp_path / "kde.png", "smoke")
+    fig = figures["kde.png"]
+    nll, bert = fig.axes[0], fig.axes[1]
+    assert nll.get_xlim()[0] > 1.5  # the axis follows the data (2.3-3.1), not the bound at 0
+    assert min(ln.get_xdata().min() for ln in bert.get_lines()) >= 0.0  # F1 has no mass below 0
+    assert "nats/token" in nll.get_xlabel()
+    assert "n = 64 samples per curve" in fig._suptitle.get_text() and "2 seeds pooled" in fig._suptitle.get_text()
+    assert all("(n = 64)" in ln.get_label() for ln in nll.get_lines())
+
+
 def test_ci_table_gives_student_t_intervals():
     df = pd.DataFrame({"variant": ["mha"] * 4 + ["damcha"], "metric": ["x"] * 5, "value": [1.0, 2.0, 3.0, 4.0, 5.0]})
     ci = report.ci_table(df, ["variant"], ["metric"], floatfmt=".3f").set_index("variant")

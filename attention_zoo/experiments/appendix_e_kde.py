@@ -34,9 +34,11 @@ NAME = "appendix_e_kde"
 SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscore_f1": "higher",
           "bartscore": "higher"}  # per-sample score -> which side is better
 STATS = ("median", "iqr", "tail_fraction")
-SCORE_UNITS = {"mse": "pixel MSE", "feature_distance": "Inception feature L2", "nll": "nats",
-               "bertscore_f1": "F1", "bartscore": "log-likelihood"}  # the plots' axis units too
-NON_NEGATIVE = ("mse", "feature_distance", "nll")  # their densities are bounded at 0
+SCORE_UNITS = {"mse": "pixel MSE", "feature_distance": "Inception feature L2", "nll": "nats/token",
+               "bertscore_f1": "F1, no baseline rescaling", "bartscore": "log-likelihood, nats/token"}  # axis units too
+# Each score's range: the densities stay inside it (no KDE mass outside what the metric can take).
+BOUNDS = {"mse": (0.0, None), "feature_distance": (0.0, None), "nll": (0.0, None), "bertscore_f1": (0.0, 1.0),
+          "bartscore": (None, 0.0)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,22 +106,27 @@ def score_stats(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def kde_figure(df: pd.DataFrame, dataset: str, path: Path) -> Path:
-    """One panel per score: a KDE per variant/flavour (its fixed colour, damcha_repo dashed), seeds pooled;
-    non-negative scores (MSE, feature distance, NLL) are bounded at 0. One legend, outside the data."""
+def kde_figure(df: pd.DataFrame, dataset: str, path: Path, preset: str = "") -> Path:
+    """One panel per score: a KDE per variant/flavour (its fixed colour, damcha_repo dashed), seeds pooled, n per
+    curve in the legend; each density stays inside its score's range (BOUNDS) while the axis follows the data.
+    One legend, outside the data."""
     plt, _ = plots._plt()
     scores = [s for s in SCORES if s in df and df[s].notna().any()]
-    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores) + 1.8, 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores) + 2.4, 3.6), squeeze=False)
     for ax, s in zip(axes[0], scores):
         plots.kde_plot(ax, df.dropna(subset=[s]).sort_values("label", kind="stable"), s, "label",
-                        non_negative=s in NON_NEGATIVE)
+                       bounds=BOUNDS[s], counts=True)
         ax.set_title(f"{s} ({SCORES[s]} is better)", fontsize=9)
         ax.set_xlabel(f"{s} ({SCORE_UNITS[s]})")
-        ax.set_ylabel("density (per variant)")
+        ax.set_ylabel("density (each curve integrates to 1)")
         if ax.get_legend() is not None:
             ax.get_legend().remove()
     plots.legend_outside(axes[0][-1], *axes[0][0].get_legend_handles_labels())
-    fig.suptitle(f"App. E: per-sample score densities ({dataset}, n = {len(df)} samples)", fontsize=10)
+    per = df.groupby("label").size()
+    n = f"n = {per.iloc[0]} samples per curve" if per.nunique() == 1 else f"n = {per.min()}–{per.max()} per curve"
+    seeds = df["seed"].nunique() if "seed" in df else None
+    fig.suptitle(f"App. E: per-sample score densities ({dataset}{f', {preset} preset' if preset else ''}; {n}"
+                 f"{f', {seeds} seeds pooled' if seeds else ''})", fontsize=10)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out
@@ -132,7 +139,7 @@ def run(args) -> int:
     samples = load_samples(Path(args.table1_dir), args.preset, args.variants, args.flavour, args.seeds, datasets)
     out = Path(args.out)
     stats = score_stats(samples)
-    pngs = [kde_figure(g, ds, out / f"{NAME}_{ds}.png") for ds, g in samples.groupby("dataset")]
+    pngs = [kde_figure(g, ds, out / f"{NAME}_{ds}.png", args.preset) for ds, g in samples.groupby("dataset")]
     wide = flat_wide(stats[stats["stat"].isin(STATS)], ["dataset", "variant", "flavor"], ["score", "stat"])
     env = environment_record("cpu", preset=args.preset, table1_dir=str(args.table1_dir),
                              figures=[p.name for p in pngs])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -234,20 +235,25 @@ def run(args) -> dict:
 def write_report(store: ResultStore, args, device) -> dict:
     df = store.frame()
     env = store.environment(environment_record(device, preset=args.preset), df)
-    summary = df[df["section"] != "diag_vs_full"].copy()
-    cols = [c for c in ("section", "config", "causal", "metric", "value", "unit") if c in summary]
+    diag = df[df["section"] == "diag_vs_full"]
+    final = diag[diag["step"] == diag["step"].max()] if not diag.empty else diag  # the curves' last point
+    summary = pd.concat([df[df["section"] != "diag_vs_full"], final]).copy()
+    cols = [c for c in ("section", "config", "causal", "step", "metric", "value", "unit") if c in summary]
     wide = summary[cols]
     paths = write_tables(args.out, "rowsum_analysis", df, wide, env, "DAMCHA under RowSum: evidence",
                          notes=__doc__.split("\n\n", 1)[1], floatfmt=".4g")
-    diag = df[df["section"] == "diag_vs_full"]
     if not diag.empty:
+        where = f"{args.preset} preset, {device.type}, one seed: no interval"
         dist = diag[diag["metric"].str.startswith("rel_dist")]
         paths["diag_png"] = line_plot(dist, "step", "value", "metric", args.out / "diag_vs_full_over_H.png",
-                                      "Diagonal-only metric vs full (and full/H) during training", "relative distance",
-                                      errorbar=None)
+                                      f"Diagonal-only metric vs full (and full/H) during training ({where})",
+                                      "relative distance (dimensionless)", errorbar=None, xlabel="training step",
+                                      nested=True)
         losses = diag[diag["metric"].str.startswith("val_loss")]
         paths["loss_png"] = line_plot(losses, "step", "value", "metric", args.out / "block_inference_losses.png",
-                                      "Validation loss under block-scale inference", "nats/char", errorbar=None)
+                                      f"Validation loss under block-scale inference ({where})",
+                                      "validation loss (nats/char)", errorbar=None, xlabel="training step",
+                                      nested=True)
         last = losses[losses["step"] == losses["step"].max()][["metric", "value"]]
         print(markdown_table(last))
     print(markdown_table(wide, floatfmt=".4g"))
