@@ -280,7 +280,7 @@ class MixtureOfAttentionHeads(AttentionBase):
         top, idx = _top_k(self.router(x), k)  # (B, T, k) logits in rank order
         gates = torch.softmax(top, dim=-1)  # renormalised over the k selected
         w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
-        q, k_, v = (x @ w).view(B, T, 3, E, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, E, T, dh)
+        q, k_, v = self.split_qkv(x @ w, heads=E)  # 3 x (B, E, T, dh)
         q, k_ = apply_rotary(q, k_, rotary)
         out = self.sdpa(q, k_, v, masks).transpose(1, 2)  # (B, T, E, dh): every expert, dense
         out = out.gather(2, idx[..., None].expand(B, T, k, dh)) * gates[..., None]  # (B, T, k, dh) by rank
