@@ -232,6 +232,14 @@ class AttentionBase(nn.Module, abc.ABC):
         return padding_mask, attn_mask
 
     # ---- hooks ------------------------------------------------------------------------------------------
+    def compile_fallback(self) -> str | None:
+        """Why ``torch.compile`` of this attention (as built: flavour and options) is not faster than eager, or None.
+
+        A variant returns a reason when its compiled forward+backward is measured slower than its eager one; the
+        benchmark (``attention_zoo.bench`` with ``compile=True``) then times the eager module in the compiled row,
+        says why and warns. Default None: compile."""
+        return None
+
     def extra_keep(self, seq_len: int, device: torch.device) -> Tensor | None:
         """A variant's own visibility mask broadcastable to [B,H,T,S] (MMA head groups), or None."""
         return None
