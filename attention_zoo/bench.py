@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .cli import HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
-from .envinfo import device_name, environment_record, resolve_device, setup_threads
+from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_savefig, atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
 from .measure.latency import LOAD_KEYS, measure_interleaved, step_fn
@@ -37,10 +37,10 @@ BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
 MODES = {"fwd": "forward", "fwd_bwd": "fwd_bwd"}  # benchmark mode -> step_fn / memory mode
 COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled",
-           "device", "device_name", "status", "message", "latency_median_ms", "latency_q25_ms", "latency_q75_ms",
-           "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s", "compile_fallback",
-           "peak_mib", "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops", "latency_vs_mha",
-           "memory_vs_mha", "compiled_vs_eager"]
+           "device", "device_name", "cpu_model", "status", "message", "latency_median_ms", "latency_q25_ms",
+           "latency_q75_ms", "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s",
+           "compile_fallback", "peak_mib", "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops",
+           "latency_vs_mha", "memory_vs_mha", "compiled_vs_eager"]
 
 
 def _shape(s) -> tuple[int, int, int, int]:
@@ -214,7 +214,7 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
                 specs[(name, flavor, *shape)] = spec
                 base = {"variant": name, "flavor": flavor, "batch": shape[0], "seq_len": shape[1],
                         "d_model": shape[2], "n_heads": shape[3], "causal": causal, "dtype": dtype,
-                        "device": device.type, "device_name": device_name(device)}
+                        "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
                 cases[(name, flavor)] = (base, spec)
         rows += _time_shape(cases, device, modes, compile, timing)
     if memory:

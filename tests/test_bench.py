@@ -46,6 +46,9 @@ def test_benchmark_api_two_shape_sweep():
     fb = df[df["mode"] == "fwd_bwd"]
     assert fb["peak_mib"].notna().all() and set(fb["memory_kind"]) == {"peak_rss_mib"}
     assert df["unstable"].isin([True, False]).all() and not df["compiled"].any()
+    from attention_zoo.envinfo import cpu_model
+
+    assert (df["cpu_model"] == cpu_model()).all()  # which CPU each figure came from
 
 
 def test_benchmark_compiled_rows_report_compile_time_and_ratio():
