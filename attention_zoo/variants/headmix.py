@@ -240,6 +240,16 @@ def _softmax_rows(scores: Tensor) -> Tensor:
     return softmax_fp32(scores)
 
 
+def _softmax_grad(g: Tensor, w: Tensor) -> Tensor:
+    """w ⊙ (g - Σ_s g ⊙ w), the softmax backward, as ATen's fused kernel (one pass; autograd's own) on the layout
+    both blocks are stored in; the explicit in-place formula when their layouts differ."""
+    for gv, wv in ((g, w), (g.transpose(1, 2), w.transpose(1, 2))):
+        if gv.is_contiguous() and wv.is_contiguous():
+            out = torch._softmax_backward_data(gv, wv, -1, wv.dtype)
+            return out if gv is g else out.transpose(1, 2)
+    return g.sub_((g * w).sum(-1, keepdim=True)).mul_(w)
+
+
 def _mask_(scores: Tensor, masks: Masks, neg: float) -> Tensor:
     """``Masks.apply`` in place on a block the core owns."""
     if masks.bias is not None:
@@ -302,8 +312,7 @@ def _backward_blocks(grad_out, q, k, v, masks, pre_s, post_s, chunk, drop_p, mix
         g_p = _rezero_grad(g_p, m)
         if post_s is not None:
             g_p = _stage_backward(post_s, w, g_p, low_post, rows, cols, mix, g_post)
-        # softmax backward, in place: g_l = w ⊙ (g - Σ_s g w)
-        g_l = g_p.sub_((g_p * w).sum(-1, keepdim=True)).mul_(w)
+        g_l = _softmax_grad(g_p, w)  # w ⊙ (g - Σ_s g w)
         if m.dead is not None:  # dead rows had their logits replaced by 0: no gradient
             g_l.masked_fill_(m.dead, 0.0)
         if pre_s is not None:
