@@ -96,16 +96,16 @@ def test_chunked_core_is_one_op_in_the_graph(name):
     assert counter.frame_count <= 2, f"{counter.frame_count} compilations for 4 sequence lengths"
 
 
-def test_compiled_core_matches_eager_values_and_gradients_with_dropout_off_and_non_causal():
-    """Non-causal DCMHA with every term on (static included) and several blocks: the custom-op core gives the eager
-    values and gradients."""
+def test_compiled_core_matches_eager_values_and_gradients_non_causal():
+    """Non-causal DCMHA with every term on (static included), weights far from their near-identity init and several
+    query blocks: the custom-op core gives the eager values and gradients (float64, so only the op order differs)."""
     torch.manual_seed(0)
-    attn = zoo.create_attention("dcmha", d_model=32, n_heads=4, use_static=True, query_chunk=4)
+    attn = zoo.create_attention("dcmha", d_model=32, n_heads=4, use_static=True, query_chunk=4).double()
     with torch.no_grad():
         for n, p in attn.named_parameters():
             if not n.startswith(("qkv", "out_proj")):
                 p.normal_(0.0, 0.3)
-    x = torch.randn(2, 10, 32)
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
     xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
     eager = attn(xe)
     eager.square().sum().backward()
@@ -113,7 +113,7 @@ def test_compiled_core_matches_eager_values_and_gradients_with_dropout_off_and_n
     attn.zero_grad()
     compiled = torch.compile(attn, backend="aot_eager")(xc)
     compiled.square().sum().backward()
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(xc.grad, xe.grad)
     for g, p in zip(grads, attn.parameters()):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p.grad, g)

@@ -25,6 +25,7 @@ grows with T, and inductor compiles the layer around it (see "the core as one cu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -365,7 +366,7 @@ def _block_masks(masks: Masks, rows: slice, cols: int) -> Masks:
                  masks.causal_only)
 
 
-def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save):
+def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save, store=None):
     """The blocks of query rows; with ``save``, per block the softmax output w and the dropout keep mask (or None).
 
     Nothing else is kept for backward: it recomputes the logits (a GEMM) and the mixes. Every saved byte is fresh
@@ -373,7 +374,7 @@ def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save)
     B, H, T, dh = q.shape
     S = k.shape[2]
     out = q.new_empty(B, H, T, v.shape[-1])
-    saved = []
+    saved, offset = [], 0
     for t0 in range(0, T, chunk):
         rows = slice(t0, min(t0 + chunk, T))
         cols = _key_cols(masks, rows, S)
@@ -390,6 +391,10 @@ def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save)
             keep = keep.bool() if save else None
         out[:, :, rows] = _head_matmul(p, v[:, :, :cols])
         if save:
+            if store is not None:  # the custom op's packed outputs: each block's slot, written as it is done
+                w = _slot(store[0], offset, w.shape).copy_(w)
+                keep = None if keep is None else _slot(store[1], offset, keep.shape).copy_(keep)
+                offset += w.numel()
             saved.append((w, keep))
     return out, saved
 
@@ -426,7 +431,19 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
 _N_STAGE = 5  # tensors per stage in the op's signature: qmat, mixmat, k1, k2, kdd
 
 
+def _slot(store: Tensor, offset: int, shape) -> Tensor:
+    """A block's contiguous slot in a packed [B,H,T,S] output: blocks lie one after another (a causal block is
+    narrower than S), so every saved block is a contiguous tensor, as in the eager path."""
+    n = math.prod(shape)
+    return store.view(-1)[offset : offset + n].view(shape)
+
+
 def _op_masks(keep, bias, dead, causal: bool) -> Masks:
+    """The op's masks. A compiled graph cannot test for dead rows (data-dependent), so ``resolve_masks`` always hands
+    it a ``dead`` tensor; inside the op the test is cheap, and dropping an all-False one restores the eager path's
+    causal skip of invisible keys (``_key_cols``)."""
+    if dead is not None and not bool(dead.any()):
+        dead = None
     return Masks(keep, bias, dead, None, causal, False)
 
 
@@ -448,16 +465,11 @@ def _core_op(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, bias: Tensor 
     tensors = (pre_qmat, pre_mixmat, pre_k1, pre_k2, pre_kdd, post_qmat, post_mixmat, post_k1, post_k2, post_kdd)
     pre_s, post_s = _op_stages(flags, tensors)
     masks = _op_masks(keep, bias, dead, causal)
-    out, saved = _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, dropout, mix_heads, rezero, save=True)
     B, H, T, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    w_all = q.new_zeros(B, H, T, S)
-    keep_all = q.new_zeros(B, H, T, S, dtype=torch.bool) if dropout else q.new_empty(0, dtype=torch.bool)
-    for n, t0 in enumerate(range(0, T, chunk)):
-        w, kp = saved[n]
-        rows, cols = slice(t0, t0 + w.shape[2]), w.shape[3]
-        w_all[:, :, rows, :cols] = w
-        if kp is not None:
-            keep_all[:, :, rows, :cols] = kp
+    w_all = q.new_empty(B, H, T, S)  # the blocks one after another (``_slot``); causal ones fill a prefix
+    keep_all = q.new_empty(B, H, T, S, dtype=torch.bool) if dropout else q.new_empty(0, dtype=torch.bool)
+    out, _ = _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, dropout, mix_heads, rezero, save=True,
+                             store=(w_all, keep_all))
     return out, w_all, keep_all
 
 
@@ -481,11 +493,12 @@ def _core_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: T
     pre_s, post_s = _op_stages(flags, tensors)
     masks = _op_masks(keep, bias, dead, causal)
     T, S = q.shape[2], k.shape[2]
-    blocks = []
+    blocks, offset, B, H = [], 0, q.shape[0], q.shape[1]
     for t0 in range(0, T, chunk):
         rows = slice(t0, min(t0 + chunk, T))
-        cols = _key_cols(masks, rows, S)
-        blocks.append((w_all[:, :, rows, :cols], keep_all[:, :, rows, :cols] if dropout else None))
+        shape = (B, H, rows.stop - rows.start, _key_cols(masks, rows, S))
+        blocks.append((_slot(w_all, offset, shape), _slot(keep_all, offset, shape) if dropout else None))
+        offset += math.prod(shape)
     grads = _backward_blocks(grad_out, q, k, v, masks, pre_s, post_s, chunk, dropout, mix_heads, rezero, blocks)
     it = iter(grads[3:])
     slots = []
