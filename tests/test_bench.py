@@ -65,6 +65,9 @@ def test_compile_fallback_hook_times_eager_and_says_why(monkeypatch, capsys):
     from attention_zoo.variants.mma import MixedMultiHeadAttention
 
     assert MultiHeadAttention(16, 2).compile_fallback() is None  # the default: compile
+    moa = {f: zoo.create_attention("moa", d_model=16, n_heads=4, flavor=f).compile_fallback()
+           for f in ("paper", "damcha_repo")}
+    assert "routing" in moa["paper"] and moa["damcha_repo"] is None  # declared per flavour
     monkeypatch.setattr(MixedMultiHeadAttention, "compile_fallback", lambda self: "slower compiled (test)")
     df = zoo.benchmark("mma", [(1, 16, 16, 4)], device="cpu", modes=("fwd",), compile=True, memory=False, **FAST)
     comp = df[df["compiled"]].set_index("variant")
