@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .cli import HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
-from .envinfo import device_name, environment_record, resolve_device, setup_threads
+from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_savefig, atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
 from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
@@ -37,15 +37,16 @@ from .measure.workload import build_workload, workload_spec
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
 from .results import ensure_out_file
+from .variants.base import AttentionBase
 
 BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
 MODES = {"fwd": "forward", "fwd_bwd": "fwd_bwd"}  # benchmark mode -> step_fn / memory mode
 COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled",
-           "device", "device_name", "status", "message", "latency_median_ms", "latency_q25_ms", "latency_q75_ms",
-           "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s", "peak_mib",
-           "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops", "latency_vs_mha",
-           "memory_vs_mha", "compiled_vs_eager"]
+           "device", "device_name", "cpu_model", "status", "message", "latency_median_ms", "latency_q25_ms",
+           "latency_q75_ms", "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s",
+           "compile_fallback", "peak_mib", "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops",
+           "latency_vs_mha", "memory_vs_mha", "compiled_vs_eager"]
 
 
 def _shape(s) -> tuple[int, int, int, int]:
@@ -80,6 +81,27 @@ def _failure_row(base: dict, exc: BaseException) -> dict:
     return {**base, "status": status, "message": short_message(exc)}
 
 
+def compile_fallbacks(model: torch.nn.Module) -> list[str]:
+    """The reasons the attentions in ``model`` give for not being compiled (``AttentionBase.compile_fallback``),
+    each once; empty when every one compiles."""
+    reasons = []
+    for m in model.modules():
+        hook = getattr(m, "compile_fallback", None)
+        reason = hook() if isinstance(m, AttentionBase) and callable(hook) else None
+        if reason and reason not in reasons:
+            reasons.append(reason)
+    return reasons
+
+
+def compiled_or_eager(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
+    """``torch.compile(model)``, or ``model`` itself with the reason when an attention in it declares a
+    ``compile_fallback`` (its compiled fwd+bwd is slower than eager)."""
+    reasons = compile_fallbacks(model)
+    if reasons:
+        return model, "; ".join(reasons)
+    return torch.compile(model), None
+
+
 def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing: dict) -> list[dict]:
     """Build, compile (optionally) and time every case of one shape in interleaved rounds."""
     rows, fns, meta = [], {}, {}
@@ -93,15 +115,19 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
                      for c in ((False, True) if compile else (False,))]
             free_memory(device)
             continue
-        variants = [(False, wl.model)]
+        variants = [(False, wl.model, None)]
         if compile:
-            variants.append((True, torch.compile(wl.model)))
-        for compiled, model in variants:
+            compiled_model, fallback = compiled_or_eager(wl.model)
+            if fallback:
+                print(f"warning: {base['variant']}/{base['flavor']}: --compile falls back to eager ({fallback})",
+                      file=sys.stderr)
+            variants.append((True, compiled_model, fallback))
+        for compiled, model, fallback in variants:
             for mode in modes:
                 wl_c = type(wl)(model, wl.inputs, wl.loss, wl.spec)
                 fn = step_fn(wl_c, MODES[mode])
                 compile_s = None
-                if compiled:  # the first call compiles: timed apart, reported as compile time
+                if compiled and not fallback:  # the first call compiles: timed apart, reported as compile time
                     t0 = time.perf_counter()
                     try:
                         fn()
@@ -112,6 +138,7 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
                 label = (key, mode, compiled)
                 fns[label] = fn
                 meta[label] = {**base, "mode": mode, "compiled": compiled, "compile_s": compile_s,
+                               "compile_fallback": fallback if compiled else None,
                                "fwd_gflop_analytic": fwd / 1e9, "fwd_gflop_counted": counted / 1e9}
     results, failures = measure_interleaved(fns, device, **timing)
     for label, exc in failures.items():
@@ -119,7 +146,8 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
     for label, lat in results.items():
         m = meta[label]
         flops = m["fwd_gflop_analytic"] * (1 if m["mode"] == "fwd" else 3)  # backward ≈ 2 × forward
-        rows.append({**m, "status": "ok", "message": "", "latency_median_ms": lat.median_ms,
+        message = f"compiled row timed eager: {m['compile_fallback']}" if m.get("compile_fallback") else ""
+        rows.append({**m, "status": "ok", "message": message, "latency_median_ms": lat.median_ms,
                      "latency_q25_ms": lat.q25_ms, "latency_q75_ms": lat.q75_ms, "latency_iqr_ms": lat.iqr_ms,
                      "repeats": lat.repeats, "unstable": lat.unstable, "unstable_reason": lat.unstable_reason,
                      **{k: lat.load.get(k) for k in LOAD_KEYS},
@@ -208,7 +236,7 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
                 specs[(name, flavor, *shape)] = spec
                 base = {"variant": name, "flavor": flavor, "batch": shape[0], "seq_len": shape[1],
                         "d_model": shape[2], "n_heads": shape[3], "causal": causal, "dtype": dtype,
-                        "device": device.type, "device_name": device_name(device)}
+                        "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
                 cases[(name, flavor)] = (base, spec)
         rows += _time_shape(cases, device, modes, compile, timing)
     if memory:

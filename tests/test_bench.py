@@ -46,6 +46,9 @@ def test_benchmark_api_two_shape_sweep():
     fb = df[df["mode"] == "fwd_bwd"]
     assert fb["peak_mib"].notna().all() and set(fb["memory_kind"]) == {"peak_rss_mib"}
     assert df["unstable"].isin([True, False]).all() and not df["compiled"].any()
+    from attention_zoo.envinfo import cpu_model
+
+    assert (df["cpu_model"] == cpu_model()).all()  # which CPU each figure came from
 
 
 def test_benchmark_compiled_rows_report_compile_time_and_ratio():
@@ -53,6 +56,25 @@ def test_benchmark_compiled_rows_report_compile_time_and_ratio():
     comp = df[df["compiled"]].iloc[0]
     assert comp["status"] == "ok" and comp["compile_s"] > 0 and comp["compiled_vs_eager"] > 0
     assert pd.isna(df[~df["compiled"]].iloc[0]["compiled_vs_eager"])
+
+
+def test_compile_fallback_hook_times_eager_and_says_why(monkeypatch, capsys):
+    """A variant whose compiled fwd+bwd is slower than eager declares ``compile_fallback``: its compiled row is the
+    eager module, with the reason in the row and a warning; the others still compile."""
+    from attention_zoo.variants.mha import MultiHeadAttention
+    from attention_zoo.variants.mma import MixedMultiHeadAttention
+
+    assert MultiHeadAttention(16, 2).compile_fallback() is None  # the default: compile
+    moa = {f: zoo.create_attention("moa", d_model=16, n_heads=4, flavor=f).compile_fallback()
+           for f in ("paper", "damcha_repo")}
+    assert "routing" in moa["paper"] and moa["damcha_repo"] is None  # declared per flavour
+    monkeypatch.setattr(MixedMultiHeadAttention, "compile_fallback", lambda self: "slower compiled (test)")
+    df = zoo.benchmark("mma", [(1, 16, 16, 4)], device="cpu", modes=("fwd",), compile=True, memory=False, **FAST)
+    comp = df[df["compiled"]].set_index("variant")
+    assert comp.loc["mma", "compile_fallback"] == "slower compiled (test)"
+    assert pd.isna(comp.loc["mma", "compile_s"]) and "slower compiled (test)" in comp.loc["mma", "message"]
+    assert pd.isna(comp.loc["mha", "compile_fallback"]) and comp.loc["mha", "compile_s"] > 0
+    assert "mma/paper: --compile falls back to eager (slower compiled (test))" in capsys.readouterr().err
 
 
 def test_benchmark_autocast_dtype_and_bad_inputs():

@@ -77,3 +77,29 @@ def test_recompute_keeps_per_position_metrics_out_of_the_graph_and_store_keeps_o
 def test_bad_metric_cache():
     with pytest.raises(ValueError, match="^metric_cache"):
         zoo.create_attention("damcha", d_model=D, n_heads=H, metric_cache="sometimes")
+
+
+def test_stored_metrics_gradient_meets_in_one_buffer_with_plain_autograds_values(monkeypatch):
+    """The stack's layers add their ∂L/∂m into one buffer (``SharedMetricGrad``) instead of each returning a
+    per-position tensor for autograd to sum: same gradients as plain autograd through ``head_queries``."""
+    from attention_zoo.variants import damcha_generator as dg
+
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for mode in ("buffer", "autograd"):
+        if mode == "autograd":
+            orig = dg.StructuredMLPForM.stack_context
+
+            def plain(self, x, pm, orig=orig):
+                ctx = orig(self, x, pm)
+                assert ctx.metric_grad is not None  # the buffer path is the default in store mode
+                ctx.metric_grad = None
+                return ctx
+
+            monkeypatch.setattr(dg.StructuredMLPForM, "stack_context", plain)
+        model = decoder("store")
+        logits = model(ids)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        grads[mode] = torch.autograd.grad(logits.square().sum(), list(model.parameters()))
+    for a, b in zip(grads["buffer"], grads["autograd"]):
+        assert_close(a, b)

@@ -282,14 +282,23 @@ def test_param_counts_compact_config():
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_analytic_flops_match_counter(flavor):
     """The counter sees every matmul; it skips the elementwise products the paper formula counts: the gates and
-    the key-wise terms (projection and expansion, 2RH MACs per pair, elementwise in the chunked core)."""
+    the key-wise terms (projection and expansion, 2RH MACs per pair, elementwise in the chunked core). The
+    query-side terms of a stage (low rank, gate, static) run as one H x H matrix per query row: H^2 MACs per pair
+    instead of the formula's 2RH (+ H^2 static), plus R H^2 per row to form the matrix."""
     m = make(flavor=flavor, use_static=flavor == "paper").eval()
     x, _ = inputs()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         m(x)
-    gates = 2 * B * T * T * len(m.splits) * H if flavor == "paper" else 0
-    key_wise = 2 * B * T * T * sum(c.endswith("_k") for c in m.splits) * 2 * m.rank * H if flavor == "paper" else 0
-    assert counter.get_total_flops() == m.analytic_flops(B, T) - gates - key_wise
+    expected = m.analytic_flops(B, T)
+    if flavor == "paper":
+        n_q = sum(c.endswith("_q") for c in m.splits)
+        n_k = len(m.splits) - n_q
+        R, pairs = m.rank, B * T * T
+        expected -= 2 * pairs * len(m.splits) * H  # gates
+        expected -= 2 * pairs * n_k * 2 * R * H  # key-wise terms
+        expected -= 2 * pairs * n_q * 2 * R * H + (2 * pairs * len(m.stages) * H * H if m.use_static else 0)
+        expected += 2 * pairs * n_q * H * H + 2 * B * T * n_q * R * H * H  # the per-row matrices
+    assert counter.get_total_flops() == expected
 
 
 def test_default_flops_formula():

@@ -180,3 +180,23 @@ def test_quick_benchmark_flags_rates_above_the_gemm_rate():
     check_gemm_bound(rows, gemm=100.0)
     assert rows["a"]["unstable"] and "GEMM rate" in rows["a"]["unstable_reason"]
     assert not rows["b"]["unstable"]
+
+
+def test_quick_benchmark_says_which_cpu_and_where_mha_time_goes(tmp_path):
+    """Every figure of the quick benchmark carries the CPU it came from (markdown header, CSV column), and the MHA
+    breakdown rows (layer, projections, SDPA core, the rest) are written with their shares of the layer."""
+    from attention_zoo.envinfo import cpu_model
+    from attention_zoo.measure.quick import main
+
+    csv, md = tmp_path / "q.csv", tmp_path / "q.md"
+    main(["--variants", "mha", "--batch", "1", "--seq-len", "8", "--d-model", "8", "--heads", "2", "--layers", "1",
+          "--vocab", "8", "--warmup", "0", "--repeats", "2", "--threads", "1", "--csv", str(csv), "--md", str(md)])
+    df = pd.read_csv(csv)
+    assert (df["cpu_model"] == cpu_model()).all() and cpu_model()
+    text = md.read_text()
+    assert f"CPU: {cpu_model()}" in text and "where the time goes" in text
+    parts = df[df["case"].str.startswith("mha breakdown: ")].set_index("case")
+    assert len(parts) == 4 and (parts["fwd_bwd_ms"].notna()).all()
+    assert parts.loc["mha breakdown: mha layer", "layer_share"] == 1.0
+    shares = parts["layer_share"].drop("mha breakdown: mha layer")
+    assert abs(shares.sum() - 1.0) < 1e-9

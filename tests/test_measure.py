@@ -29,15 +29,23 @@ CASES = [(n, f, c) for n in zoo.list_attentions() for f in zoo.get_attention_spe
 
 
 def elementwise_in_analytic(module, batch: int, seq_len: int) -> int:
-    """FLOPs a variant's analytic formula counts for work it does as elementwise products, which neither counter
-    sees (both count matrix products only). Documented in those variants' ``analytic_flops`` docstrings."""
+    """FLOPs a variant's analytic formula counts that the counters (matrix products only) see differently: work done
+    as elementwise products, or as another product. Documented in those variants' ``analytic_flops`` docstrings
+    (DCMHA: docs/variants.md §3.5)."""
     name, flavor = module.registry_name, module.flavor
     if (name, flavor) == ("colmha", "paper"):  # mixing Q̃ ⊙ m_i, counted as T·H·D̃ MACs (variants.md §9)
         return 2 * batch * seq_len * module.n_heads * module.shared_dim
-    if (name, flavor) == ("dcmha", "paper"):  # per split, the tanh diagonal gate qdd ⊙ a / kdd ⊙ a: H per (t, s);
-        # per key-wise split, projection and expansion (2RH per (t, s)): elementwise in the chunked core
-        key_wise = sum(c.endswith("_k") for c in module.splits) * 2 * module.rank * module.n_heads
-        return 2 * batch * seq_len * seq_len * (len(module.splits) * module.n_heads + key_wise)
+    if (name, flavor) == ("dcmha", "paper"):
+        H, R, pairs = module.n_heads, module.rank, batch * seq_len * seq_len
+        n_q = sum(c.endswith("_q") for c in module.splits)
+        n_k = len(module.splits) - n_q
+        # elementwise in the chunked core: the tanh gates (H per (t, s) and split) and the key-wise projection and
+        # expansion (2RH per (t, s) and key-wise split)
+        skipped = len(module.splits) * H + n_k * 2 * R * H
+        # the query-side terms of a stage (low rank 2RH, static H²) run as one H x H matrix per query row: H² MACs
+        # per (t, s), plus R H² per row to form it
+        skipped += n_q * 2 * R * H + (len(module.stages) * H * H if module.use_static else 0) - n_q * H * H
+        return 2 * pairs * skipped - 2 * batch * seq_len * n_q * R * H * H
     return 0
 
 

@@ -36,8 +36,8 @@ from ..variants.base import AttentionBase
 # shape and scalar arithmetic): explicitly counted as 0 so that ``unsupported_ops()`` stays empty.
 ZERO_COST_OPS = tuple(f"aten::{op}" for op in """
 abs add add_ addcmul addcmul_ all amax amin any arange argmax argsort batch_norm bernoulli_ bincount bitwise_and
-bitwise_not bitwise_or cat ceil chunk clamp clamp_min clamp_max clone contiguous cos cumsum detach div div_ dropout
-embedding empty empty_like eq erf exp expand expand_as eye feature_dropout fill_ flatten floor_divide
+bitwise_not bitwise_or cat ceil chunk clamp clamp_min clamp_max clone contiguous cos cumsum detach diag_embed div div_
+dropout embedding empty empty_like eq erf exp expand expand_as eye feature_dropout fill_ flatten floor_divide
 full full_like gather ge gelu group_norm gt index index_add index_put_ index_select instance_norm isinf isnan
 isneginf layer_norm le linalg_vector_norm log log_softmax logical_and logical_not logical_or logsumexp lt
 masked_fill masked_fill_ masked_scatter max maximum mean min minimum mse_loss mul mul_ ne neg new_ones new_zeros

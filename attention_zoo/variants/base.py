@@ -235,6 +235,14 @@ class AttentionBase(nn.Module, abc.ABC):
         return padding_mask, attn_mask
 
     # ---- hooks ------------------------------------------------------------------------------------------
+    def compile_fallback(self) -> str | None:
+        """Why ``torch.compile`` of this attention (as built: flavour and options) is not faster than eager, or None.
+
+        A variant returns a reason when its compiled forward+backward is measured slower than its eager one; the
+        benchmark (``attention_zoo.bench`` with ``compile=True``) then times the eager module in the compiled row,
+        says why and warns. Default None: compile."""
+        return None
+
     def extra_keep(self, seq_len: int, device: torch.device) -> Tensor | None:
         """A variant's own visibility mask broadcastable to [B,H,T,S] (MMA head groups), or None."""
         return None
@@ -315,6 +323,15 @@ class AttentionBase(nn.Module, abc.ABC):
     def split_heads(self, t: Tensor) -> Tensor:
         B, T, _ = t.shape
         return t.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d)
+
+    def split_qkv(self, qkv: Tensor, heads: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """A fused [B,T,3·H·d] projection (rows [W_q; W_k; W_v]) -> q, k, v [B,H,T,d] (views). Unbound along the
+        q/k/v axis before the heads move, so backward stacks the three gradients straight into the projection's
+        layout: one copy, where unbinding a (3, B, H, T, d) permute takes a stack and then a transposing copy."""
+        B, T, _ = qkv.shape
+        H = self.n_heads if heads is None else heads
+        q, k, v = qkv.view(B, T, 3, H, -1).unbind(2)  # (B, T, H, d) each
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def merge_heads(self, t: Tensor) -> Tensor:
         B, H, T, d = t.shape

@@ -92,6 +92,67 @@ class MetricContext:
     hidden: Tensor  # z, the penultimate activations: [B, w] or [B, T, w]
     alpha: Tensor | None  # α of linear_comb / bayesian, sampled once per forward
     metrics: Tensor | None  # [B, H, dh, dh]; causal: [B, T, H, dh, dh] when stored, else None (made per chunk)
+    # Stored causal metrics read by several layers: their gradients meet in one buffer (see ``SharedMetricGrad``).
+    metric_grad: SharedMetricGrad | None = None
+
+
+class SharedMetricGrad:
+    """One gradient buffer for per-position metrics m [B,T,H,dh,dh] that every layer of a causal stack reads.
+
+    Through plain autograd each layer's query product q_l = x_l m returns its own ∂L/∂m = x_lᵀ g_l (a fresh
+    B·T·D·dh tensor per layer, page-faulted in and then summed by the engine). Here each layer's backward adds its
+    outer products into this one buffer in place, and the stack's single ``_MetricGradCollect`` node hands the sum
+    to m once every layer has run: the autograd graph orders it (each layer's ``_PositionQueries`` node consumes
+    the collector's token, so the collector's backward runs after all of them). Same sum, in backward order.
+    """
+
+    def __init__(self, metrics: Tensor):
+        self.buffer: Tensor | None = None
+        self.metrics = metrics.detach()
+        self.token = _MetricGradCollect.apply(metrics, self)  # a 0-dim tensor every layer's queries depend on
+
+    def queries(self, xh: Tensor) -> Tensor:
+        """q_i = X_i m_i for a layer's raw slices xh [B,H,T,dh]."""
+        return _PositionQueries.apply(xh, self.metrics, self.token, self)
+
+    def add(self, xh: Tensor, g: Tensor) -> None:
+        x5, g5 = xh.transpose(1, 2).unsqueeze(-1), g.transpose(1, 2).unsqueeze(-2)  # (B,T,H,dh,1), (B,T,H,1,dh)
+        if self.buffer is None:  # contiguous, as the final layer's backward GEMMs read it
+            self.buffer = torch.mul(x5, g5, out=torch.empty_like(self.metrics, memory_format=torch.contiguous_format))
+        else:
+            self.buffer.addcmul_(x5, g5)
+
+    def take(self) -> Tensor | None:
+        buffer, self.buffer = self.buffer, None
+        return buffer
+
+
+class _MetricGradCollect(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, metrics: Tensor, sink: SharedMetricGrad) -> Tensor:
+        ctx.sink = sink
+        return metrics.new_zeros(())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, _g: Tensor):
+        return ctx.sink.take(), None
+
+
+class _PositionQueries(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xh: Tensor, metrics: Tensor, token: Tensor, sink: SharedMetricGrad) -> Tensor:
+        ctx.save_for_backward(xh, metrics)
+        ctx.sink = sink
+        return head_queries(xh, metrics)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        xh, metrics = ctx.saved_tensors
+        grad_x = head_queries(g, metrics.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        ctx.sink.add(xh, g)
+        return grad_x, None, torch.zeros((), dtype=g.dtype, device=g.device), None
 
 
 def token_context(x: Tensor, padding_mask: Tensor | None, causal: bool) -> Tensor:
@@ -310,6 +371,8 @@ class StructuredMLPForM(nn.Module):
         ctx = self.prepare(x, padding_mask)
         if self.stores_metrics:
             ctx.metrics = self.metric_fn(ctx.alpha, None)(ctx.hidden)  # (B, T, H, dh, dh), read by every layer
+            if ctx.metrics.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                ctx.metric_grad = SharedMetricGrad(ctx.metrics)
         return ctx
 
     @property
@@ -421,6 +484,8 @@ class StructuredMLPForM(nn.Module):
 
     def queries(self, xh: Tensor, ctx: MetricContext, layer_idx: int | None) -> Tensor:
         """q_i = X_i m_i for the heads' raw slices xh [B,H,T,dh]."""
+        if ctx.metric_grad is not None:
+            return ctx.metric_grad.queries(xh)
         if ctx.metrics is not None:
             return head_queries(xh, ctx.metrics)
         fn = self.metric_fn(ctx.alpha, layer_idx)

@@ -169,8 +169,7 @@ class DynamicallyComposableMHA(AttentionBase):
 
     def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
-        q, k, v = qkv.unbind(0)
+        q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)  # before the logits; Compose mixes relative logits, its weights read x
         q = q * self.head_dim**-0.5  # Compose is linear, so scaling q equals scaling the logits
         k_t = k.transpose(-2, -1)  # (B, H, dh, S)

@@ -34,9 +34,7 @@ class MultiHeadAttention(AttentionBase):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
-        q, k, v = qkv.unbind(0)
+        q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)
         if self.fused:
             out = self.sdpa(q, k, v, masks)

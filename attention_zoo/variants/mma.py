@@ -125,9 +125,7 @@ class MixedMultiHeadAttention(AttentionBase):
         return self._keep_cache[key]
 
     def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
-        q, k, v = qkv.unbind(0)
+        q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)  # the group masks are relative (j - i): RoPE keeps them meaningful
         return self.out_proj(self.merge_heads(self.sdpa(q, k, v, masks)))
 

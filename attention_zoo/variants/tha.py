@@ -78,9 +78,7 @@ class TalkingHeadsAttention(AttentionBase):
                     lin.weight.normal_(0.0, self.n_heads**-0.5)
 
     def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
-        q, k, v = qkv.unbind(0)
+        q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)  # before the logits: each head's logits are relative, so are their mixes
         # The chunked core (headmix.py) runs logits -> pre-mix -> mask (finite negative, after the mix: never -inf
         # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward.
