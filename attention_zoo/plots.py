@@ -184,6 +184,15 @@ def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title
     return out
 
 
+def suptitle(fig, title: str, fontsize: float = 10) -> None:
+    """The figure title above the panels' own titles: the panels move down by the title's lines, so a two-line
+    title never overlaps them."""
+    height = fig.get_figheight()
+    lines = title.count("\n") + 1
+    fig.subplots_adjust(top=max(0.45, 1 - (0.2 * lines + 0.38) / height))
+    fig.suptitle(title, fontsize=fontsize, y=1 - 0.08 / height)
+
+
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
               loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
               panel_title: str = "{}", ref_slopes: dict[str, float] | None = None, nested: bool = False) -> Path:
@@ -234,7 +243,7 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, titl
                 handles[lab] = h
                 names.append(lab)
     legend_outside(axes[0][-1], [handles[n] for n in names], names)
-    fig.suptitle(title, fontsize=10)
+    suptitle(fig, title)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out
@@ -288,7 +297,7 @@ def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xl
     if lo and hi:
         key.append(Patch(facecolor="none", edgecolor="none", label="error bars: q25–q75"))
     legend_outside(axes[0][-1], key, [k.get_label() for k in key])
-    fig.suptitle(title, fontsize=10)
+    suptitle(fig, title)
     out = atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return out

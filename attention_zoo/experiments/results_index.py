@@ -159,7 +159,7 @@ SECTIONS = (
             ("diag_vs_full_over_H.png", "block_inference_losses.png"),
             "the figures come from the `diag_vs_full` section"),
     Section("Benchmark", "quick benchmark and training throughput", "benchmark", "benchmark.md",
-            ("benchmark.png",)),
+            ("benchmark.png", "benchmark_memory.png")),
 )
 
 

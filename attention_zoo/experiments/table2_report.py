@@ -202,12 +202,13 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
     for setting, sub in ok.groupby("setting"):
         device, preset, batch = _first(sub, "device"), _first(sub, "preset"), _first(sub, "batch")
         cpu = str(device).startswith("cpu")
-        memory = ("peak memory increment (MiB): " + ("CPU RSS increment" if cpu else "CUDA allocation")
-                  + f", batch {batch}; one measurement, no interval")
-        groups = {"memory": (sub["unit"] == "MiB", memory),
+        kind_of_memory = "CPU RSS increment" if cpu else "CUDA allocation"
+        groups = {"memory": (sub["unit"] == "MiB", f"peak memory (MiB, {kind_of_memory})"),
                   "latency": (sub["metric"].isin(["latency_fwd_median_ms", "latency_fwd_bwd_median_ms"]),
-                              f"median latency (ms), batch {batch}; bars: q25–q75"),
+                              "median latency (ms); bars: q25–q75"),
                   "gflops": (sub["unit"] == "GFLOP", "forward GFLOP at batch 1")}
+        about = {"memory": f"{kind_of_memory}, batch {batch}, one measurement per cell (no interval)",
+                 "latency": f"batch {batch}", "gflops": "counted, not timed"}
         for kind, (mask, xlabel) in groups.items():
             part = sub[mask].copy()
             if part.empty:
@@ -219,7 +220,7 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
                 lo, hi = ("q25", "q75") if {"q25", "q75"} <= set(part.columns) else (None, None)
             name = f"{NAME}_{kind}_{setting.split('/')[0].lower()}.png"
             T = int(sub["seq_len"].iloc[0])
-            title = f"Table 2, {setting} setting (T = {T}): {kind} — {preset} preset, {device}"
+            title = f"Table 2, {setting} setting (T = {T}): {kind} — {preset} preset, {device}; {about[kind]}"
             paths.append(barh_plot(part, "row", "value", out / name, title, xlabel, panel="panel",
                                    flag="unstable" if kind == "latency" else None, lo=lo, hi=hi,
                                    sharex=kind == "gflops"))

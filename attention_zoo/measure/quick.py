@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -267,9 +268,10 @@ def breakdown_lines(parts: dict, gemm: float) -> list[str]:
     return lines
 
 
-def plot(rows: dict, path, title: str):
-    """fwd+bwd time (q25–q75 error bars) per case, one panel per kind of case (layer non-causal,
-    layer causal, decoder); each variant in its fixed colour, damcha_repo hatched, unstable timings faded."""
+def plot(rows: dict, path, title: str, memory_unit: str = "peak memory") -> list:
+    """Two figures, one panel per kind of case (layer non-causal, layer causal, decoder), each variant in its fixed
+    colour, damcha_repo hatched: fwd+bwd time (q25–q75 error bars, unstable timings faded) in ``path``, and the
+    peak memory of one fwd+bwd step (one measurement per case, no interval) beside it as ``<stem>_memory.png``."""
     import pandas as pd
 
     from ..plots import barh_plot
@@ -280,13 +282,21 @@ def plot(rows: dict, path, title: str):
             continue
         name, kind = label.split(" ", 1)
         variant, _, flavor = name.partition("[")
-        row = f"{variant}/{flavor.rstrip(']') or 'paper'}"
-        recs.append({"row": row, "kind": kind, "value": r["fwd_bwd_ms"], "q25": r.get("q25_ms"),
-                     "q75": r.get("q75_ms"), "unstable": bool(r.get("unstable"))})
+        recs.append({"row": f"{variant}/{flavor.rstrip(']') or 'paper'}", "kind": kind, "value": r["fwd_bwd_ms"],
+                     "q25": r.get("q25_ms"), "q75": r.get("q75_ms"), "unstable": bool(r.get("unstable")),
+                     "peak_mib": r.get("peak_mib")})
     if not recs:
-        return None
-    return barh_plot(pd.DataFrame(recs), "row", "value", path, f"Quick benchmark: fwd+bwd time\n{title}",
-                     "fwd+bwd time, median (ms)", panel="kind", flag="unstable", lo="q25", hi="q75")
+        return []
+    df = pd.DataFrame(recs)
+    out = [barh_plot(df, "row", "value", path, f"Quick benchmark: fwd+bwd time\n{title}",
+                     "fwd+bwd time, median (ms)", panel="kind", flag="unstable", lo="q25", hi="q75")]
+    mem = df.dropna(subset=["peak_mib"]).assign(value=lambda d: d["peak_mib"])
+    if not mem.empty:
+        p = Path(path)
+        out.append(barh_plot(mem, "row", "value", p.with_name(f"{p.stem}_memory{p.suffix}"),
+                             f"Quick benchmark: peak memory of one fwd+bwd step ({memory_unit}; one measurement "
+                             f"per case, no interval)\n{title}", "peak memory (MiB)", panel="kind"))
+    return out
 
 
 @cli_main
@@ -352,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     check_gemm_bound(rows, gemm)
     add_ratios(rows)
 
+    mem_label = "CUDA max_memory_allocated" if device.type == "cuda" else "CPU peak RSS increment"
     title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median (IQR) of "
-             f"{args.repeats} interleaved rounds; memory = {unit} of one fwd+bwd step; ratios to MHA's case")
+             f"{args.repeats} interleaved rounds; memory = {mem_label} of one fwd+bwd step; ratios to MHA's case")
     print(f"\n{title}")
     widths = [max([36, *(len(label) for label in rows)]), 10, 11, 8, 7, 7, 9, 10, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
@@ -385,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         frame = pd.DataFrame(recs)
         atomic_write_csv(frame, args.csv)
     if args.plot:
-        plot(rows, args.plot, title)
+        plot(rows, args.plot, title, mem_label)
     if args.md:
         text = markdown(rows, gemm, f"# Quick benchmark\n\n{env}; fp32 GEMM {gemm:.1f} GFLOP/s\n\n{title}")
         if parts:
