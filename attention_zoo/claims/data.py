@@ -110,8 +110,9 @@ def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     keys = [c for c in ok.columns if c not in ("metric", "value", "unit", "status", "message", "run_id")
             and not c.startswith("_")]
     keys = [c for c in keys if ok[c].map(lambda v: isinstance(v, (str, int, float, bool)) or v is None).all()]
-    wide = ok[ok["metric"].isin([a, b])].pivot_table(index=keys, columns="metric", values="value", aggfunc="mean",
-                                                     dropna=False)
+    # groupby, not pivot_table(dropna=False): that reindexes to the product of every key's values (GiBs)
+    wide = (ok[ok["metric"].isin([a, b])].groupby([*keys, "metric"], dropna=False)["value"].mean()
+            .unstack("metric"))
     if a not in wide or b not in wide:
         return ok.iloc[0:0]
     out = (wide[a] - wide[b]).rename("value").reset_index().dropna(subset=["value"])

@@ -1,0 +1,52 @@
+"""The committed report (results/) is what the code at HEAD renders from the committed stores: the index and the
+verdicts re-render byte for byte, every figure the report names exists, and no file carries an absolute path of the
+machine that ran it."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attention_zoo.experiments.results_index import build_index
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+RENDERED = ("README.md", "claims.md", "claims.csv")  # what build_index writes from the stores
+TEXT = (".md", ".csv", ".json", ".jsonl")
+ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users|private|mnt|scratch)/")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    copy = tmp_path_factory.mktemp("results") / "results"
+    shutil.copytree(RESULTS, copy, ignore=shutil.ignore_patterns("*.png", "_cache", "runs", "checkpoints"))
+    build_index(copy)
+    return copy
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_committed_report_equals_what_the_code_renders_from_the_committed_stores(rendered, name):
+    committed = (RESULTS / name).read_text()
+    assert committed == (rendered / name).read_text(), (
+        f"results/{name} is stale: rebuild it with `python reproduce/all.py --index-only` and commit it")
+
+
+def test_every_figure_the_report_names_is_committed():
+    readme = (RESULTS / "README.md").read_text()
+    named = set(re.findall(r"\(([\w./-]+\.png)\)", readme))
+    assert named, "the report names no figure"
+    missing = sorted(p for p in named if not (RESULTS / p).is_file())
+    assert not missing, f"figures named in results/README.md but not committed: {missing}"
+
+
+def test_committed_results_hold_no_absolute_paths():
+    offenders = []
+    for path in sorted(RESULTS.rglob("*")):
+        if path.suffix not in TEXT or not path.is_file():
+            continue
+        for no, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            if ABSOLUTE.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{no}: {ABSOLUTE.search(line).group(0)}")
+                break
+    assert not offenders, "absolute paths in committed results:\n" + "\n".join(offenders[:20])
