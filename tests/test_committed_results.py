@@ -20,7 +20,7 @@ ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users|private|mnt|scrat
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
     copy = tmp_path_factory.mktemp("results") / "results"
-    shutil.copytree(RESULTS, copy, ignore=shutil.ignore_patterns("*.png", "_cache", "runs", "checkpoints"))
+    shutil.copytree(RESULTS, copy, ignore=shutil.ignore_patterns("_cache", "checkpoints", ".*.claims", ".*.lock"))
     build_index(copy)
     return copy
 
