@@ -13,7 +13,8 @@ the noise guard's verdict: a case is ``unstable`` when its IQR/median exceeds 10
 interleaved timing (load average and other processes' CPU time are recorded around it), or its achieved rate
 exceeds the GEMM rate. ``--csv`` / ``--md`` write the table.
 
-The performance targets (``TARGETS``, issue 23's bounds) are checked against the rows that ran and printed with
+The performance targets (``TARGETS``: the ratio and GEMM-rate bounds the project holds its variants to) are
+checked against the rows that ran and printed with
 their verdicts; ``--extra damcha:collapsed_generator=true`` adds the collapsed-generator rows one of them needs.
 The CPU model is printed and written with every figure (markdown header, ``cpu_model`` column): ratios differ
 between CPU kinds. ``mha_breakdown`` (off with ``--no-breakdown``) splits MHA's layer time into its projection
