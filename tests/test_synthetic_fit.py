@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attention_zoo.experiments import synthetic as exp
-from attention_zoo.experiments.synthetic_fit import Fit, Group, Task
+from attention_zoo.experiments.synthetic_fit import Fit, Group, Task, ensemble_parts
+from attention_zoo.measure.flops import analytic_flops
 
 CPU = torch.device("cpu")
 TASK = Task("regression", 1.0, n_train=256, n_val=64, n_test=64, reg_d_e=4, seq_len=6, noise=0.1, kappa=2.0)
@@ -41,6 +42,40 @@ def test_ensemble_equals_the_per_seed_path(arm):
                 continue
             assert va[k] == pytest.approx(vb[k], rel=1e-5, abs=1e-7), (arm, k)
         assert any(r["path"] == "ensemble of 3" for r in a) and all(r["path"] == "per-seed" for r in b)
+
+
+def test_ensemble_parts_split_the_seeds_by_the_work_budget():
+    assert ensemble_parts(10, 25e6, 300e6) == [list(range(10))]
+    assert [len(p) for p in ensemble_parts(10, 100e6, 300e6)] in ([3, 2, 3, 2], [2, 3, 3, 2], [2, 3, 2, 3])
+    assert ensemble_parts(10, 400e6, 300e6) == [[i] for i in range(10)]
+    assert ensemble_parts(3, 1e12, float("inf")) == [[0, 1, 2]]
+    for n, f in [(7, 1e6), (10, 60e6), (5, 150e6)]:
+        parts = ensemble_parts(n, f, 300e6)
+        assert sum(parts, []) == list(range(n)) and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_ensembles_of_part_of_the_seeds_equal_the_per_seed_path():
+    g = Group(TASK, "damcha", "paper", [0, 1, 2], 1, OPTS, FIT, CPU, True, ensemble_flops=1.0)
+    assert g.path == "per-seed" and "exceeds the ensemble budget" in g.reason
+    seed_flops = analytic_flops(g.models[0], FIT.batch_size, TASK.seq_len)
+    g2 = Group(TASK, "damcha", "paper", [0, 1, 2], 1, OPTS, FIT, CPU, True, ensemble_flops=2.5 * seed_flops)
+    assert g2.path == "2 ensembles of 2/1" and [len(p) for p in g2.parts] == [2, 1]
+    _, slow = _train("damcha", False)
+    for a, b in zip(g2.train(), slow):
+        va, vb = _values(a), _values(b)
+        for k in va:
+            if k[0] not in ("train_cpu_s", "train_time_s"):
+                assert va[k] == pytest.approx(vb[k], rel=1e-5, abs=1e-7), k
+
+
+def test_the_test_split_is_scored_only_at_budget_points_and_the_end(monkeypatch):
+    calls = []
+    real = Group._test_metrics
+    monkeypatch.setattr(Group, "_test_metrics", lambda self, net, data: calls.append(1) or real(self, net, data))
+    _, rows = _train("mha", True)  # 4 evaluations, budgets at steps 12 and 24
+    assert 1 <= len(calls) <= len(FIT.budget_fracs) + 1
+    v = _values(rows[0])
+    assert v[("test_mse@budget", 1.0, None)] == v[("test_mse", None, None)]
 
 
 @pytest.mark.parametrize("arm", ["tha", "dcmha", "colmha", "moa"])
@@ -125,7 +160,7 @@ def test_training_throughput_mode_reports_every_path(tmp_path, capsys):
         torch.set_num_threads(threads)
     df = pd.read_csv(tmp_path / "t.csv")
     ok = df[df["status"] == "ok"]
-    assert set(ok[ok["variant"] == "mha"]["path"]) == {"legacy", "per-seed", "ensemble"}
+    assert set(ok[ok["variant"] == "mha"]["path"]) == {"legacy", "per-seed", "ensemble", "sweep"}
     assert set(ok[ok["variant"] == "tha"]["path"]) == {"legacy", "per-seed"}  # no ensemble, and it says why
     assert df[(df["variant"] == "tha") & (df["status"] == "unsupported")]["message"].str.startswith("model:").all()
     assert (ok["seed_steps_per_cpu_s"] > 0).all() and "has no ensemble path" in (tmp_path / "t.md").read_text()

@@ -55,7 +55,8 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "appendix_e_kde": ["--flavour", "both"],
         "synthetic": ["--variants", "*,controls"],  # its smoke grids and default seeds 0-4
         "benchmark": ["--variants", "*", "--flavor", "both"],
-        "train_speed": ["--seeds", "10", "--steps", "40", "--rounds", "7"],
+        "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
+                        "classification:20"],
     },
     "decide": {"synthetic_decide": []},
     "paper": {},

@@ -1,13 +1,14 @@
 """Training of the synthetic cells (Appendix I): one group of seeds of one (task, setting, arm) at a time.
 
-The seeds of a group train together as one grouped model (``engine.ensemble``: the seed is a batch dimension) when
-the arm's modules allow it, else one after the other; both paths run this same loop, so a seed's data, its
-initialisation (``set_seed(seed)`` before building its model), its batch order (a stream of its own) and every
-update are those it gets alone. Per seed: AdamW (foreach), linear warm-up then cosine decay to ``min_lr_ratio``·lr,
-global-norm clipping at 1, early stopping on the validation split (its own split, disjoint from test) with
-``patience`` evaluations; the reported test metrics are those of the best validation checkpoint, and the test
-metric of the best checkpoint so far is also recorded at ``budget_fracs`` of ``max_steps`` (the same run seen at
-smaller budgets). No host synchronisation per step: losses stay on the device until an evaluation.
+The seeds of a group train together as grouped models (``engine.ensemble``: the seed is a batch dimension) when
+the arm's modules allow it and a step is small enough for grouping to pay (``ensemble_parts``), else one after the
+other; every path runs this same loop, so a seed's data, its initialisation (``set_seed(seed)`` before building its
+model), its batch order (a stream of its own) and every update are those it gets alone. Per seed: AdamW (fused on
+CPU), linear warm-up then cosine decay to ``min_lr_ratio``·lr, global-norm clipping at 1, early stopping on the
+validation split (its own split, disjoint from test) with ``patience`` evaluations; the reported test metrics are
+those of the best validation checkpoint, and the test metric of the best checkpoint so far is also recorded at
+``budget_fracs`` of ``max_steps`` (the same run seen at smaller budgets). The test split is scored only there and at
+the end, on the best checkpoints. No host synchronisation per step: losses stay on the device until an evaluation.
 
 A group checkpoints its whole state every ``ckpt_every`` steps (``engine.checkpoint``: verified, atomic), so an
 interrupted group resumes mid-run with the same results.
@@ -15,6 +16,7 @@ interrupted group resumes mid-run with the same results.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -130,11 +132,32 @@ def net_out(net: nn.Module) -> int:
     return net.head.out_features
 
 
+# Work of one grouped step, in forward FLOPs, above which a bigger ensemble stops paying: measured on 1 thread at the
+# decide shapes, a 10-seed ensemble is 1.4× faster than seed by seed where a seed's forward is ≈ 25 MFLOP (MHA,
+# D = 32), equal near 100 MFLOP (D = 64) and slower beyond (MHA at D = 80: 1.07×, the parameter-matched MHA at
+# D = 32: 1.75× slower): small steps are bound by per-op overhead, which grouping removes; large ones by GEMMs and
+# memory passes, which grouping only makes bigger (python -m attention_zoo.bench train).
+ENSEMBLE_FLOPS = 300e6
+
+
+def ensemble_parts(n_seeds: int, seed_flops: float, budget: float = ENSEMBLE_FLOPS) -> list[list[int]]:
+    """Seed indices split into near-equal consecutive parts of at most max(1, budget // seed_flops) seeds."""
+    size = n_seeds if budget >= math.inf else max(1, min(n_seeds, int(budget // max(seed_flops, 1.0))))
+    n_parts = -(-n_seeds // size)
+    bounds = [round(i * n_seeds / n_parts) for i in range(n_parts + 1)]
+    return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class Group:
-    """One (task, setting, arm) over ``seeds``: builds the models, trains them (grouped if possible), scores them."""
+    """One (task, setting, arm) over ``seeds``: builds the models, trains them (grouped if possible), scores them.
+
+    With ``ensemble``, the seeds train as grouped models of up to ``ENSEMBLE_FLOPS`` of forward work per step each
+    (``ensemble_parts``): all of them at once for a small model, one by one for a large one. Every path gives the
+    same numbers (to floating-point reassociation); ``path`` says which ran.
+    """
 
     def __init__(self, task: Task, arm: str, flavor: str, seeds: list[int], n_layers: int, options: dict, fit: Fit,
-                 device: torch.device, ensemble: bool = True):
+                 device: torch.device, ensemble: bool = True, ensemble_flops: float = ENSEMBLE_FLOPS):
         self.task, self.arm, self.flavor, self.seeds, self.fit, self.device = task, arm, flavor, seeds, fit, device
         self.regression = task.task == "regression"
         self.options, _ = split_options(arm, {**options, "flavor": flavor})
@@ -148,28 +171,43 @@ class Group:
         self.orders = torch.stack([torch.randint(task.n_train, (fit.max_steps, fit.batch_size),
                                                  generator=syn.make_generator((s + 0x9E3779B9) % 2**32))
                                    for s in seeds]).to(device)  # (S, steps, B): the same for every arm
+        self.parts, self.nets = [[i] for i in range(len(seeds))], [None] * len(seeds)
         self.path, self.reason = "per-seed", "" if len(seeds) > 1 else "one seed"
-        self.net = None
-        if ensemble and len(seeds) > 1:
-            try:
-                net = group_models(self.models).to(device)
-                verify_grouped(net, [m.to(device) for m in self.models], self.data["x_train"][:, :4])
-                self.net, self.path = net, f"ensemble of {len(seeds)}"
-            except EnsembleUnsupported as exc:
-                self.reason = str(exc)
+        if not ensemble or len(seeds) < 2:
+            return
+        seed_flops = analytic_flops(self.models[0], fit.batch_size, task.seq_len)
+        parts = ensemble_parts(len(seeds), seed_flops, ensemble_flops)
+        if len(parts) == len(seeds):
+            self.reason = (f"one seed's step ({seed_flops / 1e6:.0f} MFLOP forward) exceeds the ensemble budget "
+                           f"({ensemble_flops / 1e6:.0f} MFLOP): grouping would be slower")
+            return
+        try:
+            nets = [self._grouped(part) if len(part) > 1 else None for part in parts]
+        except EnsembleUnsupported as exc:
+            self.reason = str(exc)
+            return
+        self.parts, self.nets = parts, nets
+        sizes = sorted({len(p) for p in parts}, reverse=True)
+        self.path = (f"ensemble of {len(seeds)}" if len(parts) == 1 else
+                     f"{len(parts)} ensembles of {'/'.join(map(str, sizes))}")
+
+    def _grouped(self, part: list[int]) -> nn.Module:
+        net = group_models([self.models[i] for i in part]).to(self.device)
+        verify_grouped(net, [self.models[i].to(self.device) for i in part], self.data["x_train"][part, :4])
+        return net
 
     # ---- training -----------------------------------------------------------------------------------------------
     def train(self, ckpt: Path | None = None, stop_at: int | None = None) -> list[list[dict]] | None:
         """Rows per seed; None when ``stop_at`` interrupted it (the checkpoint holds the state)."""
-        if self.net is not None:
-            return self._run(self.net, list(range(len(self.seeds))), ckpt, stop_at)
         rows = []
-        for i in range(len(self.seeds)):  # one seed at a time, the same loop with S = 1
-            part = self._run(self.models[i].to(self.device), [i], None if ckpt is None else ckpt.with_suffix(
-                f".s{self.seeds[i]}.pt"), stop_at)
-            if part is None:
+        for part, net in zip(self.parts, self.nets):  # each part runs the same loop, with S = len(part)
+            part_ckpt = None if ckpt is None or len(self.parts) == 1 else ckpt.with_suffix(
+                f".s{self.seeds[part[0]]}-{self.seeds[part[-1]]}.pt")
+            got = self._run(net if net is not None else self.models[part[0]].to(self.device), part,
+                            ckpt if len(self.parts) == 1 else part_ckpt, stop_at)
+            if got is None:
                 return None
-            rows += part
+            rows += got
         return rows
 
     def _run(self, net: nn.Module, idx: list[int], ckpt: Path | None, stop_at: int | None):
@@ -205,12 +243,14 @@ class Group:
                                        "state": st})
                 if stop_at is not None and step >= stop_at:
                     return None
+        net.load_state_dict(best_state)  # every seed's best validation checkpoint
+        if st.get("tested_at") != st["best_step"]:  # scored once per best checkpoint
+            self._test_best(net, data, st)
         for f in budgets.values():  # budgets after every seed stopped: their best stands
             for s in range(S):
                 st["budget"][s].setdefault(f, st["best_test"][s])
         cpu = st["cpu_s"] + time.process_time() - c0
         wall = st["wall_s"] + time.perf_counter() - t0
-        net.load_state_dict(best_state)  # every seed's best validation checkpoint
         if ckpt is not None and ckpt.is_file():
             ckpt.unlink()
         # A seed's own steps: where patience stopped it (the group may train on for the others), else the last.
@@ -221,9 +261,10 @@ class Group:
         or one seed's own): one optimizer update on each seed's batch ``i``, with no host synchronisation."""
         S, fit = len(idx), self.fit
         x, y, orders = self.data["x_train"][idx], self.data["y_train"][idx], self.orders[idx]
-        grouped = net is self.net
+        grouped = S > 1  # a part of several seeds is always a grouped model
         params = [p for p in net.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay, foreach=True)
+        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay,
+                                **({"fused": True} if self.device.type == "cpu" else {"foreach": True}))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, fit.lr_factor)
         rows_ix = torch.arange(S, device=self.device)[:, None]
 
@@ -250,15 +291,17 @@ class Group:
         v_loss = _losses(val.reshape(-1, val.shape[-1]), data["y_val"], self.regression, val.shape[0]).tolist()
         train_mean = pending.mean(0).tolist()  # the losses since the last evaluation: one sync per evaluation
         improved = [s for s in range(len(v_loss)) if not st["stopped"][s] and v_loss[s] < st["best_val"][s]]
-        if improved:
-            test = self._test_metrics(net, data)
-            for s in improved:
-                st["best_val"][s], st["best_step"][s], st["bad"][s], st["best_test"][s] = v_loss[s], step, 0, test[s]
-                if net is self.net:  # this seed's slice of every grouped parameter
-                    for k, p in net.named_parameters():
-                        best_state[k][s] = p[s]
-                else:
-                    best_state.update({k: v.detach().clone() for k, v in net.state_dict().items()})
+        for s in improved:
+            st["best_val"][s], st["best_step"][s], st["bad"][s] = v_loss[s], step, 0
+            if len(v_loss) > 1:  # this seed's slice of every grouped parameter
+                for k, p in net.named_parameters():
+                    best_state[k][s] = p[s]
+            else:
+                best_state.update({k: v.detach().clone() for k, v in net.state_dict().items()})
+        if budget is not None and st.get("tested_at") != st["best_step"]:
+            scratch = copy.deepcopy(net)  # the best checkpoints, scored without disturbing the training state
+            scratch.load_state_dict(best_state)
+            self._test_best(scratch, data, st)
         for s in range(len(v_loss)):
             if st["stopped"][s]:
                 continue
@@ -271,6 +314,16 @@ class Group:
             if budget is not None:
                 st["budget"][s][budget] = st["best_test"][s]
         net.train()
+
+    def _test_best(self, net, data, st) -> None:
+        """Test metrics of every seed's best checkpoint (``net`` holds them), read at budget points and at the end:
+        the test split is scored only where a result reads it."""
+        training = net.training
+        net.eval()
+        st["best_test"] = [t if math.isfinite(v) else None
+                           for t, v in zip(self._test_metrics(net, data), st["best_val"])]
+        st["tested_at"] = list(st["best_step"])
+        net.train(training)
 
     def _test_metrics(self, net, data) -> list[dict]:
         pred = _predict(net, data["x_test"])  # (S, N, n_out)

@@ -1,14 +1,17 @@
 """Training throughput of the synthetic cells (Appendix I): training steps per CPU-second of each arm, per path.
 
-Three paths train the same seeds on the same data and batch order: ``legacy`` is the per-cell loop the sweep ran
-before this path existed (one model at a time, default AdamW, ``clip_grad_norm_``, a ``loss.item()`` host sync and a
-data gather every step); ``per-seed`` is ``synthetic_fit``'s loop with one seed (foreach AdamW, no per-step sync);
-``ensemble`` is the same loop with the seeds grouped into one model (``engine.ensemble``; arms that cannot be grouped
-have no ensemble row and say why). Rounds are interleaved (legacy, per-seed, ensemble, next arm, …, next round) in
-one process, so machine drift hits every path alike; the table reports the median CPU time per seed-step with its
-IQR over rounds and the speed-up against ``legacy`` (median of the per-round ratios).
+Four paths train the same seeds on the same data and batch order: ``legacy`` is the per-cell loop the sweep ran
+before the grouped paths existed (one model at a time, default AdamW, ``clip_grad_norm_``, a ``loss.item()`` host
+sync and a data gather every step); ``per-seed`` is ``synthetic_fit``'s loop with one seed (fused AdamW, no per-step
+sync); ``ensemble`` is the same loop with every seed grouped into one model (``engine.ensemble``; arms that cannot
+be grouped have no ensemble row and say why); ``sweep`` is what the sweep runs: the seeds in ensembles sized by
+``synthetic_fit.ENSEMBLE_FLOPS`` (all of them for a small model, one by one for a large one). Rounds are interleaved
+(each path of each arm, next round) in one process, so machine drift hits every path alike; the table reports the
+median CPU time per seed-step with its IQR over rounds, the speed-up against ``legacy`` (median of the per-round
+ratios), and the achieved GFLOP/s of the analytic training FLOPs (3 × forward) with its share of this CPU's fp32 GEMM
+rate, which bounds any path.
 
-    python -m attention_zoo.bench train --variants mha,damcha --seeds 10 --steps 40 --rounds 7
+    python -m attention_zoo.bench train --variants mha,damcha --shapes regression:1 classification:20
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ from torch import nn
 from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
 from ..envinfo import environment_record, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_json, atomic_write_text
+from ..measure.flops import analytic_flops
+from ..measure.quick import gemm_gflops
 from ..registry import select_attentions
 from ..report import markdown_table
 from ..results import ensure_out_file
 from .synthetic import PRESETS, task_of
 from .synthetic_fit import Group
 
-PATHS = ("legacy", "per-seed", "ensemble")
+PATHS = ("legacy", "per-seed", "ensemble", "sweep")
 
 
 def legacy_stepper(model: nn.Module, x, y, order, regression: bool, lr: float, steps: int):
@@ -80,67 +85,79 @@ def measure(variants: list[str], task: str, setting: float, n_seeds: int, steps:
     seeds = list(range(n_seeds))
     arms = {}
     for v in variants:
-        g = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True)
-        solo = [copy.deepcopy(m) for m in g.models]
-        legacy = [legacy_stepper(copy.deepcopy(m), g.data["x_train"][i], g.data["y_train"][i], g.orders[i],
-                                 g.regression, fit.lr, fit.max_steps) for i, m in enumerate(g.models)]
-        per_seed = [_solo_stepper(g, m, i) for i, m in enumerate(solo)]
-        ens = g.stepper(g.net, seeds)[0] if g.net is not None else None
-        arms[v] = (g, legacy, per_seed, ens)
+        whole = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True,
+                      ensemble_flops=math.inf)  # every seed in one ensemble
+        sweep = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True)
+        legacy = [legacy_stepper(copy.deepcopy(m), whole.data["x_train"][i], whole.data["y_train"][i],
+                                 whole.orders[i], whole.regression, fit.lr, fit.max_steps)
+                  for i, m in enumerate(whole.models)]
+        paths = {"legacy": legacy, "per-seed": [whole.stepper(copy.deepcopy(m), [i])[0]
+                                                for i, m in enumerate(whole.models)]}
+        if whole.nets[0] is not None:
+            paths["ensemble"] = [whole.stepper(whole.nets[0], seeds)[0]]
+            paths["sweep"] = [sweep.stepper(net if net is not None else sweep.models[part[0]], part)[0]
+                              for part, net in zip(sweep.parts, sweep.nets)]
+        arms[v] = (whole, sweep, paths)
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(warmup + rounds):
-        for v, (_, legacy, per_seed, ens) in arms.items():
-            paths = {"legacy": lambda i, ls=legacy: [f(i) for f in ls],
-                     "per-seed": lambda i, ps=per_seed: [f(i) for f in ps]}
-            if ens is not None:
-                paths["ensemble"] = ens
-            for path, fn in paths.items():
-                cpu = _cpu(fn, r * steps, steps) / (steps * n_seeds)
+        for v, (*_groups, paths) in arms.items():
+            for path, fns in paths.items():
+                cpu = _cpu(lambda i, fns=fns: [f(i) for f in fns], r * steps, steps) / (steps * n_seeds)
                 if r >= warmup:
                     times.setdefault((v, path), []).append(cpu)
     rows = []
-    for v, (g, *_rest) in arms.items():
+    for v, (whole, sweep, _paths) in arms.items():
         leg = times[(v, "legacy")]
         for path in PATHS:
             ts = times.get((v, path))
             if ts is None:
-                rows.append({"variant": v, "path": path, "status": "unsupported", "message": g.reason})
+                rows.append({"variant": v, "path": path, "status": "unsupported", "message": whole.reason})
                 continue
             q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
             speedup = statistics.median(a / b for a, b in zip(leg, ts))
-            rows.append({"variant": v, "path": path, "status": "ok", "message": "",
+            rows.append({"variant": v, "path": path, "status": "ok",
+                         "message": sweep.path if path == "sweep" else "",
                          "ms_per_seed_step": 1000 * statistics.median(ts), "q25_ms": 1000 * q[0],
                          "q75_ms": 1000 * q[2], "seed_steps_per_cpu_s": 1 / statistics.median(ts),
                          "speedup_vs_legacy": speedup, "rounds": len(ts), "seeds": n_seeds, "steps": steps,
-                         "task": task, "setting": setting, "d_model": int(g.data["x_train"].shape[-1]),
-                         "batch": preset.fit.batch_size, "seq_len": preset.seq_len})
+                         "task": task, "setting": setting, "d_model": int(whole.data["x_train"].shape[-1]),
+                         "batch": preset.fit.batch_size, "seq_len": preset.seq_len,
+                         "gflops": 3 * analytic_flops(whole.models[0], preset.fit.batch_size, preset.seq_len)
+                         / statistics.median(ts) / 1e9})
     return pd.DataFrame(rows)
 
 
-def _solo_stepper(g: Group, model: nn.Module, i: int):
-    """The per-seed path for seed ``i`` of ``g`` on its own copy of the model."""
-    net = g.net
-    g.net = None  # stepper treats any net that is not the grouped one as a single seed's model
-    try:
-        return g.stepper(model, [i])[0]
-    finally:
-        g.net = net
-
-
 def to_markdown(df: pd.DataFrame, env: dict) -> str:
-    ok = df[df["status"] == "ok"]
-    cols = ["variant", "path", "ms_per_seed_step", "q25_ms", "q75_ms", "seed_steps_per_cpu_s", "speedup_vs_legacy"]
+    ok = df[df["status"] == "ok"].copy()
+    ok["shape"] = [f"{r.task} {r.setting:g} (D {int(r.d_model)})" for r in ok.itertuples()]
+    ok["sweep runs"] = ok["message"].fillna("")
+    cols = ["shape", "variant", "path", "ms_per_seed_step", "q25_ms", "q75_ms", "seed_steps_per_cpu_s",
+            "speedup_vs_legacy", "gflops", "gemm_fraction", "sweep runs"]
     first = ok.iloc[0] if not ok.empty else {}
-    shape = (f"{first.get('task')} (setting {first.get('setting')}), batch {first.get('batch')}, T "
-             f"{first.get('seq_len')}, D {first.get('d_model')}, 1 layer") if len(first) else "–"
-    head = (f"# Training throughput of the synthetic cells\n\nCPU time per seed-step: median and IQR over "
-            f"{first.get('rounds', 0)} interleaved rounds of {first.get('steps', 0)} steps, {first.get('seeds', 0)} "
-            f"seeds per arm; shape: {shape}; {env.get('torch_threads')} thread(s); device {env.get('device_name')}; "
-            f"1-min load average {env.get('loadavg')} at the end. Speed-up: the median over rounds of legacy time / "
-            "path time. Paths: attention_zoo/experiments/train_speed.py.\n\n")
-    unsupported = df[df["status"] != "ok"]
+    head = (f"# Training throughput of the synthetic cells\n\nCPU time per seed-step (ms): median and IQR over "
+            f"{int(first.get('rounds', 0))} interleaved rounds of {int(first.get('steps', 0))} steps, "
+            f"{int(first.get('seeds', 0))} seeds per arm; batch {int(first.get('batch', 0))}, T "
+            f"{int(first.get('seq_len', 0))}, 1 layer, the decide preset's model; {env.get('torch_threads')} "
+            f"thread(s); device {env.get('device_name')} (fp32 GEMM {env.get('gemm_gflops')} GFLOP/s on this thread "
+            f"count); 1-min load average {env.get('loadavg')} at the end. Speed-up: the median over rounds of legacy "
+            "time / path time. GFLOP/s: analytic training FLOPs (3 × forward) per CPU-second; gemm_fraction: its "
+            "share of the GEMM rate. Paths: attention_zoo/experiments/train_speed.py.\n\n")
+    unsupported = df[df["status"] != "ok"].drop_duplicates("variant")
     tail = "".join(f"\n- `{r.variant}` has no ensemble path: {r.message}" for r in unsupported.itertuples())
     return head + markdown_table(ok[cols], floatfmt=".3g") + tail + "\n"
+
+
+def shape_arg(text: str) -> tuple[str, float]:
+    task, _, setting = text.partition(":")
+    if task not in ("regression", "classification") or not setting:
+        raise argparse.ArgumentTypeError(f"expected regression:λ or classification:d_e, got {text!r}")
+    try:
+        value = float(setting)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number after {task}:, got {setting!r}") from None
+    if not math.isfinite(value) or value < 0 or (task == "classification" and (value < 1 or value != int(value))):
+        raise argparse.ArgumentTypeError(f"expected λ ≥ 0 or a positive integer d_e, got {setting!r}")
+    return task, value
 
 
 @cli_main
@@ -149,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=HelpFormatter)
     p.add_argument("--variants", default="mha,damcha,controls,tha,dcmha,colmha,mma,moa",
                    help="arms (names, wildcards or the token controls)")
-    p.add_argument("--task", choices=("regression", "classification"), default="regression")
-    p.add_argument("--setting", type=float, default=1.0, help="λ (regression) or d_e (classification)")
+    p.add_argument("--shapes", type=shape_arg, nargs="+", default=[("regression", 1.0)],
+                   help="TASK:SETTING pairs: regression:λ (D = 32) or classification:d_e (D = 4·d_e)")
     p.add_argument("--seeds", type=positive_int, default=10, help="seeds per arm (the ensemble's size)")
     p.add_argument("--steps", type=positive_int, default=40, help="steps per path per round")
     p.add_argument("--rounds", type=positive_int, default=7, help="timed rounds")
@@ -163,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is not None:
             ensure_out_file(getattr(args, name), name)
     setup_threads(args.threads)
-    df = measure(select_attentions(args.variants), args.task, args.setting, args.seeds, args.steps, args.rounds,
-                 args.warmup)
-    env = environment_record(resolve_device("cpu"), loadavg=round(os.getloadavg()[0], 2))
+    variants = select_attentions(args.variants)
+    df = pd.concat([measure(variants, task, setting, args.seeds, args.steps, args.rounds, args.warmup)
+                    for task, setting in args.shapes], ignore_index=True)
+    env = environment_record(resolve_device("cpu"), loadavg=round(os.getloadavg()[0], 2),
+                             gemm_gflops=round(gemm_gflops(torch.device("cpu")), 1))
+    ok = df["status"] == "ok"
+    df.loc[ok, "gemm_fraction"] = df.loc[ok, "gflops"] / env["gemm_gflops"]
     md = to_markdown(df, env)
     print(md)
     if args.csv:
