@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import report
+from ..claims import verdict_lines
 from ..engine import parse_overrides, prune_checkpoints, result_identity
 from ..envinfo import environment_record, resolve_device
 from ..metrics import images as mi
@@ -27,7 +28,7 @@ from ..metrics import text as mt
 from ..results import ResultStore
 from .common import open_store, positive_int
 from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
-from .protocol import Plan, add_launcher_arguments
+from .protocol import Plan, add_launcher_arguments, execute
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
@@ -138,6 +139,21 @@ def cell_plan(args, module: str, ctx: Context, store: ResultStore, cells: list[d
     """The protocol's plan of a generation table: one unit per cell, computed by ``module.cell_rows``."""
     return Plan(store, [[c] for c in cells], functools.partial(unit_work, module=module, args=args), finish,
                 describe=lambda u: "/".join(str(u[0][k]) for k in ("dataset", "variant", "flavor", "setting", "seed")))
+
+
+def run_cells(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], clock: Clock, write_report,
+              name: str) -> int:
+    """Compute the pending ``cells`` through the protocol, then write the table's report (``write_report(ctx, frame,
+    env, store=store)`` -> (comparison, verdicts)) and print its comparison, verdicts and cost line."""
+
+    def finish() -> int:
+        comp, verdicts = write_report(ctx, *frame_and_env(store, ctx, clock), store=store)
+        print(comparison_text(comp))
+        print("\n".join(verdict_lines(verdicts)))
+        print(clock.line(name))
+        return 0
+
+    return execute(cell_plan(args, module, ctx, store, cells, finish), args, name)
 
 
 def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:

@@ -172,8 +172,74 @@ def _section_tables(df: pd.DataFrame, gains: pd.DataFrame) -> list[str]:
             bud["setting"] = bud["budget"]
             out += [f"### Gain over MHA at fractions of the maximum steps ({unit}; the best validation checkpoint "
                     "within each budget)", "", report.markdown_table(ci_wide(bud, "gain", "budget", "+.2f"))]
+    conv = convergence(df)
+    if not conv.empty:
+        out += ["## Convergence: how much the validation loss still fell in the last quarter of training", "",
+                "Per seed: (best validation loss up to 3/4 of the steps run − best validation loss overall) / the "
+                "former, in %; median and maximum over seeds and settings. Below about 1 % the run sits on its "
+                "plateau; patience-stopped seeds count as converged.", "", report.markdown_table(conv)]
+    prec = precision(gains)
+    if not prec.empty:
+        out += [f"## Precision of the paired gains (target: 95 % half-width ≤ {PRECISION_TARGET:g}, in the gain's "
+                "unit)", "", "DAMCHA vs MHA/paper at the paper's quoted λ and at every d_e. The seeds needed are "
+                "those that would bring the half-width to the target at the observed SD of the paired gains.", "",
+                report.markdown_table(prec)]
     out += ["## Parameters, training FLOPs and cost per arm (means over cells)", "", report.markdown_table(_costs(df))]
     return out
+
+
+def convergence(df: pd.DataFrame) -> pd.DataFrame:
+    """Per arm and task: the relative fall of the best validation loss over the last quarter of each seed's steps."""
+    curves = df[(df["metric"] == "val_loss@step") & (df["status"] == "ok")]
+    if curves.empty or curves["step"].nunique() < 4:
+        return pd.DataFrame()
+    steps = _metric(df, "steps_run")[["task", "setting", "label", "seed", "value"]].rename(columns={"value": "ran"})
+    c = curves.assign(setting=_setting(curves)).merge(steps, on=["task", "setting", "label", "seed"])
+    rows = []
+    for (task, label), g in c.groupby(["task", "label"], sort=False):
+        falls = []
+        for _, s in g.groupby(["setting", "seed"]):
+            early = s.loc[s["step"] <= 0.75 * s["ran"].iloc[0], "value"]
+            if len(early):
+                falls.append(100 * (early.min() - s["value"].min()) / early.min())
+        if falls:
+            rows.append({"task": task, "arm": label, "median fall (%)": float(np.median(falls)),
+                         "max fall (%)": float(np.max(falls)), "seeds × settings": len(falls)})
+    return pd.DataFrame(rows)
+
+
+PRECISION_TARGET = 2.0  # percentage points (regression: % of MHA's MSE; classification: accuracy points)
+
+
+def seeds_for_half_width(sd: float, target: float, confidence: float = 0.95, n_max: int = 100_000) -> int:
+    """The smallest n ≥ 2 with t_{(1+c)/2, n−1}·sd/√n ≤ target."""
+    from scipy import stats
+
+    if not math.isfinite(sd) or sd <= 0:
+        return 2
+    n = 2
+    while n < n_max and stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n) > target:
+        n = n + 1 if n < 64 else int(n * 1.05) + 1
+    return n
+
+
+def precision(gains: pd.DataFrame) -> pd.DataFrame:
+    """Half-width of the 95 % interval of DAMCHA's paired gain where the issue of precision is posed: the quoted λ
+    (0.2, 1) and every d_e."""
+    if gains.empty:
+        return pd.DataFrame()
+    mine = gains[(gains["variant"] == PAPER_METHOD) & (gains["flavor"] == "paper")]
+    rows = []
+    for (task, setting), g in mine.groupby(["task", "setting"]):
+        if task == "regression" and not any(np.isclose(setting, lam) for lam in PAPER_GAIN):
+            continue
+        mean, lo, hi = t_interval(g["gain"])
+        half, sd = (hi - lo) / 2, float(g["gain"].std(ddof=1)) if len(g) > 1 else math.nan
+        rows.append({"comparison": f"{task}, {'λ' if task == 'regression' else 'd_e'} = {setting:g}",
+                     "unit": g["unit"].iloc[0], "n": len(g), "gain": mean, "half-width": half, "SD": sd,
+                     "meets target": "yes" if half <= PRECISION_TARGET else "no",
+                     "seeds for the target": seeds_for_half_width(sd, PRECISION_TARGET)})
+    return pd.DataFrame(rows)
 
 
 def _costs(df: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,7 @@ import math
 import pandas as pd
 
 from .. import plots, report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
+from ..claims import frame_verdicts, verdict_markdown
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import Context, train_and_score
 from .generation_common import (
@@ -27,11 +27,8 @@ from .generation_common import (
     PAPER_NAMES,
     Clock,
     add_arguments,
-    cell_plan,
-    comparison_text,
     datasets_of,
     flat_wide,
-    frame_and_env,
     image_text_notes,
     make_context,
     means,
@@ -39,9 +36,9 @@ from .generation_common import (
     paired_section,
     params_section,
     pct,
+    run_cells,
     seeds_line,
 )
-from .protocol import execute
 
 NAME = "table1_generation"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")
@@ -157,14 +154,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, "default", s) for ds in datasets_of(ctx, args.datasets) for v, f in pairs
              for s in args.seeds]
 
-    def finish() -> int:
-        comp, verdicts = write_report(ctx, *frame_and_env(store, ctx, clock), store=store)
-        print(comparison_text(comp))
-        print("\n".join(verdict_lines(verdicts)))
-        print(clock.line(NAME))
-        return 0
-
-    return execute(cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
+    return run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
 @cli_main

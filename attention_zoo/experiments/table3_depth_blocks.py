@@ -25,14 +25,13 @@ import math
 import pandas as pd
 
 from .. import plots, report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
+from ..claims import frame_verdicts, verdict_markdown
 from ..claims.stats import t_interval
 from ..registry import get_attention_spec
 from ..variants.damcha import set_block_scales
 from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import IMAGE_SETS, train_and_score
-from .protocol import execute
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")
@@ -186,14 +185,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
 
-    def finish() -> int:
-        comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
-        print(gc.comparison_text(comp))
-        print("\n".join(verdict_lines(verdicts)))
-        print(clock.line(NAME))
-        return 0
-
-    return execute(gc.cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
 @cli_main

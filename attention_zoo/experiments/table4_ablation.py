@@ -27,12 +27,11 @@ import math
 import pandas as pd
 
 from .. import plots, report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
+from ..claims import frame_verdicts, verdict_markdown
 from ..registry import get_attention_spec
 from . import generation_common as gc
 from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from .generation import train_and_score
-from .protocol import execute
 
 NAME = "table4_ablation"
 SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),
@@ -147,14 +146,7 @@ def run(args) -> int:
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
 
-    def finish() -> int:
-        comp, verdicts = write_report(ctx, *gc.frame_and_env(store, ctx, clock), store=store)
-        print(gc.comparison_text(comp))
-        print("\n".join(verdict_lines(verdicts)))
-        print(clock.line(NAME))
-        return 0
-
-    return execute(gc.cell_plan(args, __name__, ctx, store, cells, finish), args, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
 @cli_main

@@ -396,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                   "layer_share": r["share"], **where} for part, r in (parts or {}).items()]
         frame = pd.DataFrame(recs)
         atomic_write_csv(frame, args.csv)
-    if args.plot:
-        plot(rows, args.plot, title, mem_label)
+    if args.plot:  # the figure names the machine too: ratios move with the CPU
+        plot(rows, args.plot, f"{device_name(device)}, {torch.get_num_threads()} thread(s); {title}", mem_label)
     if args.md:
         text = markdown(rows, gemm, f"# Quick benchmark\n\n{env}; fp32 GEMM {gemm:.1f} GFLOP/s\n\n{title}")
         if parts:
