@@ -14,13 +14,19 @@ import torch
 from .workers import child_preexec
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: Path | None = None) -> str:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = root or Path(__file__).resolve().parent.parent
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
                               preexec_fn=child_preexec()).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def tree_dirty(root: Path | None = None) -> bool:
+    """Tracked files changed since the commit, outside results/: that folder holds the runs' own outputs, which a
+    run writes while it runs, so only a change to the code makes a record dirty."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results", root=root))
 
 
 def cpu_model() -> str:
@@ -69,7 +75,7 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
     rec = {
         "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "HEAD") or "unknown",
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_dirty": tree_dirty(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

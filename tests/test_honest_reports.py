@@ -200,3 +200,24 @@ def test_quick_benchmark_says_which_cpu_and_where_mha_time_goes(tmp_path):
     assert parts.loc["mha breakdown: mha layer", "layer_share"] == 1.0
     shares = parts["layer_share"].drop("mha breakdown: mha layer")
     assert abs(shares.sum() - 1.0) < 1e-9
+
+
+def test_a_record_is_dirty_for_changed_code_but_not_for_the_runs_own_outputs(tmp_path):
+    import subprocess
+
+    from attention_zoo.envinfo import tree_dirty
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table.md").write_text("old\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    assert not tree_dirty(tmp_path)
+    (tmp_path / "results" / "table.md").write_text("new\n")  # a run writing its outputs
+    assert not tree_dirty(tmp_path)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert tree_dirty(tmp_path)
