@@ -50,3 +50,17 @@ def test_committed_results_hold_no_absolute_paths():
                 offenders.append(f"{path.relative_to(ROOT)}:{no}: {ABSOLUTE.search(line).group(0)}")
                 break
     assert not offenders, "absolute paths in committed results:\n" + "\n".join(offenders[:20])
+
+
+def test_the_committed_report_is_complete():
+    """The committed run produced every table and figure of every section, the report has a heading for each, and
+    it opens with the verdicts."""
+    from attention_zoo.experiments.results_index import SECTIONS, missing_outputs
+
+    assert missing_outputs(RESULTS) == [], "outputs missing from the committed run"
+    readme = (RESULTS / "README.md").read_text()
+    headings = re.findall(r"^## (.+)$", readme, flags=re.M)
+    absent = [s.name for s in SECTIONS if not any(h.startswith(f"{s.name}: ") for h in headings)]
+    assert not absent, f"sections without a heading in results/README.md: {absent}"
+    assert headings[0] == "Verdicts on the paper's claims", f"the report opens with {headings[0]!r}"
+    assert "**Missing:**" not in readme

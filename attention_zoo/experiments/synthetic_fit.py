@@ -157,17 +157,22 @@ class Group:
     """
 
     def __init__(self, task: Task, arm: str, flavor: str, seeds: list[int], n_layers: int, options: dict, fit: Fit,
-                 device: torch.device, ensemble: bool = True, ensemble_flops: float = ENSEMBLE_FLOPS):
+                 device: torch.device, ensemble: bool = True, ensemble_flops: float = ENSEMBLE_FLOPS,
+                 data: dict[str, Tensor] | None = None):
         self.task, self.arm, self.flavor, self.seeds, self.fit, self.device = task, arm, flavor, seeds, fit, device
         self.regression = task.task == "regression"
         self.options, _ = split_options(arm, {**options, "flavor": flavor})
-        datas = [task_data(task, s) for s in seeds]
-        D = datas[0]["x_train"].shape[-1]
+        # the data depend on (task, seed) only: arms of one cell may share another group's ``data``
+        if data is None:
+            datas = [task_data(task, s) for s in seeds]
+            data = {k: torch.stack([d[k] for d in datas]).to(device) for k in datas[0]}  # (S, N, …)
+            del datas
+        D = data["x_train"].shape[-1]
         self.models = []
         for s in seeds:
             set_seed(s)  # the per-seed initialisation, whichever path trains it
             self.models.append(SyntheticModel(D, n_layers, arm, self.options, 1 if self.regression else syn.N_CLASSES))
-        self.data = {k: torch.stack([d[k] for d in datas]).to(device) for k in datas[0]}  # (S, N, …)
+        self.data = data
         self.orders = torch.stack([torch.randint(task.n_train, (fit.max_steps, fit.batch_size),
                                                  generator=syn.make_generator((s + 0x9E3779B9) % 2**32))
                                    for s in seeds]).to(device)  # (S, steps, B): the same for every arm

@@ -83,11 +83,13 @@ def measure(variants: list[str], task: str, setting: float, n_seeds: int, steps:
             "d_e": int(setting) if task == "classification" else preset.reg_d_e}
     t = task_of(cell, preset)
     seeds = list(range(n_seeds))
-    arms = {}
-    for v in variants:
+    arms, data = {}, None
+    for v in variants:  # one copy of the data for every arm and path (ten seeds at d_e = 20 hold ≈ 1 GB)
         whole = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True,
-                      ensemble_flops=math.inf)  # every seed in one ensemble
-        sweep = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True)
+                      ensemble_flops=math.inf, data=data)  # every seed in one ensemble
+        data = whole.data
+        sweep = Group(t, v, "paper", seeds, preset.n_layers, preset.attention_options, fit, torch.device("cpu"), True,
+                      data=data)
         legacy = [legacy_stepper(copy.deepcopy(m), whole.data["x_train"][i], whole.data["y_train"][i],
                                  whole.orders[i], whole.regression, fit.lr, fit.max_steps)
                   for i, m in enumerate(whole.models)]
