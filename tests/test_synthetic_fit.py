@@ -164,3 +164,17 @@ def test_training_throughput_mode_reports_every_path(tmp_path, capsys):
     assert set(ok[ok["variant"] == "tha"]["path"]) == {"legacy", "per-seed"}  # no ensemble, and it says why
     assert df[(df["variant"] == "tha") & (df["status"] == "unsupported")]["message"].str.startswith("model:").all()
     assert (ok["seed_steps_per_cpu_s"] > 0).all() and "has no ensemble path" in (tmp_path / "t.md").read_text()
+
+
+def test_arms_share_the_data_and_steppers_read_views_of_it():
+    """Memory: ten seeds at d_e = 20 are ≈ 1 GB of training data; a copy per arm or per stepper exhausted 24 GiB."""
+    g = Group(TASK, "mha", "paper", [0, 1, 2], 1, OPTS, FIT, CPU, True)
+    h = Group(TASK, "damcha", "paper", [0, 1, 2], 1, OPTS, FIT, CPU, True, data=g.data)
+    assert h.data["x_train"] is g.data["x_train"]
+    fresh = Group(TASK, "damcha", "paper", [0, 1, 2], 1, OPTS, FIT, CPU, True)
+    assert all(torch.equal(fresh.data[k], h.data[k]) for k in fresh.data)  # sharing changes nothing
+    base = g.data["x_train"].untyped_storage().data_ptr()
+    step = g.stepper(g.models[1], [1, 2])[0]
+    x = step.__closure__[[c.cell_contents is not None and isinstance(c.cell_contents, torch.Tensor)
+                          and c.cell_contents.dim() == 4 for c in step.__closure__].index(True)].cell_contents
+    assert x.untyped_storage().data_ptr() == base

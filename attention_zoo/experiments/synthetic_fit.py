@@ -265,7 +265,9 @@ class Group:
         """(step(i) -> per-seed losses [S], optimizer, scheduler) for seeds ``idx`` of ``net`` (the grouped model
         or one seed's own): one optimizer update on each seed's batch ``i``, with no host synchronisation."""
         S, fit = len(idx), self.fit
-        x, y, orders = self.data["x_train"][idx], self.data["y_train"][idx], self.orders[idx]
+        # consecutive seeds (every part) as a view: a list index would copy the training set for each stepper
+        sel = slice(idx[0], idx[-1] + 1) if list(idx) == list(range(idx[0], idx[-1] + 1)) else idx
+        x, y, orders = self.data["x_train"][sel], self.data["y_train"][sel], self.orders[sel]
         grouped = S > 1  # a part of several seeds is always a grouped model
         params = [p for p in net.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay,
