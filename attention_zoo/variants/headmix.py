@@ -249,26 +249,12 @@ def _native_forward(lib, st: _Stage, a: Tensor, rows: slice) -> Tensor:
 def _native_backward(lib, st: _Stage, a: Tensor, g: Tensor, rows: slice, cols: int, grads: list) -> Tensor:
     B, H, c, S = a.shape
     ga = torch.empty_like(g)
-    fn = getattr(lib, f"compose_backward_{_DTYPES[a.dtype]}")
-    R, n = 0 if st.k1 is None else st.k1.shape[1], torch.get_num_threads()
-    gm, gmb, gmt, shared = None, 0, 0, 0
-    if st.qmat is not None:
-        gm = grads[0][:, rows]  # every row is written by exactly one thread
-        gmb, gmt = gm.stride(0), gm.stride(1)
-    elif st.mixmat is not None:
-        gm, shared = a.new_zeros(n, H, H), 1  # per thread, summed below
-    gk = kts = dts = None
-    if st.k1 is not None:  # per thread (threads on rows of one batch row would race), summed below
-        gk = (a.new_zeros(n, *st.k1.shape), a.new_zeros(n, *st.k1.shape), a.new_zeros(n, *st.kdd.shape))
-        kts, dts = gk[0].stride(0), gk[2].stride(0)
-    ptr = [None if x is None else x.data_ptr() for x in (gm, *(gk or (None,) * 3))]
-    fn(_native_stage(st, rows), H, R, S, B, c, n, a.data_ptr(), _layout(a), g.data_ptr(), _layout(g), ga.data_ptr(),
-       _layout(ga), ptr[0], gmb, gmt, shared, ptr[1], ptr[2], ptr[3], kts or 0, dts or 0)
-    if shared:
-        grads[1] += gm.sum(0)
-    if gk is not None:
-        for dst, part in zip(grads[2:5], gk):
-            dst[..., :cols] += part[..., :cols].sum(0)
+    n = torch.get_num_threads()
+    gs, bufs = _grads_struct(st, grads, rows, n, a)  # the fused kernels' gradient destinations, as arguments here
+    getattr(lib, f"compose_backward_{_DTYPES[a.dtype]}")(
+        _native_stage(st, rows), H, _rank(st), S, B, c, n, a.data_ptr(), _layout(a), g.data_ptr(), _layout(g),
+        ga.data_ptr(), _layout(ga), *(getattr(gs, name) for name, _ in gs._fields_))
+    _reduce_grads(bufs, grads, cols)
     return ga
 
 
