@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--preset", choices=PRESETS, default="smoke",
-                   help="smoke: the whole paper on embedded data, ≈ 2 h on 2 CPU cores; decide: the synthetic sweeps "
-                        "trained to a plateau, ≈ 1.6 h on 2 cores (results/README.md has each script's measured time); "
+                   help="smoke: the whole paper on embedded data (hours on 2 CPU cores); decide: the synthetic "
+                        "sweeps trained to a plateau (hours); results/README.md has each script's measured time; "
                         "paper: the scripts' paper presets; tiny: seconds per script, for tests")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
