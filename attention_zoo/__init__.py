@@ -1,11 +1,20 @@
 """attention_zoo: seven attention mechanisms behind one registry, and the DAMCHA paper's evidence."""
 
-from . import (
+import os as _os
+
+# Before torch allocates anything: PyTorch's CPU allocator reads this once, at its first allocation, and then backs
+# every tensor of >= 2 MiB with transparent huge pages. A buffer allocated afresh each step (DAMCHA's 134 MB
+# generator-weight gradient at D = 256) is then faulted in 2 MiB at a time instead of 4 KiB, which took DAMCHA's
+# CPU fwd+bwd from 2.3x to about 1.5x MHA's; values are unchanged. Set THP_MEM_ALLOC_ENABLE=0 to opt out; every
+# environment record says which applied (docs/conventions.md, "CPU").
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+from . import (  # noqa: E402
     _tvshim,  # noqa: F401  (must run before anything imports torchvision)
     variants,  # noqa: F401  (registers the variants)
 )
-from .adapters import swap_attention
-from .registry import (
+from .adapters import swap_attention  # noqa: E402
+from .registry import (  # noqa: E402
     AttentionSpec,
     create_attention,
     get_attention_spec,
@@ -13,7 +22,7 @@ from .registry import (
     list_attentions,
     register_attention,
 )
-from .variants import AttentionBase, Rotary, StackShare, collect_aux_losses
+from .variants import AttentionBase, Rotary, StackShare, collect_aux_losses  # noqa: E402
 
 __all__ = [
     "AttentionBase",

@@ -39,6 +39,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def huge_pages() -> bool | None:
+    """Whether this process's large CPU tensors sit on transparent huge pages (``THP_MEM_ALLOC_ENABLE``, set by
+    ``import attention_zoo`` unless the environment says otherwise, or the kernel's ``always`` mode): an 8 MiB
+    tensor is touched and /proc/self/smaps is asked for the huge pages of its mapping. None off Linux."""
+    t = torch.ones(1 << 21)  # 8 MiB of fp32, every page touched
+    ptr = t.data_ptr()
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split(maxsplit=1)[0] if line.strip() else ""
+        if "-" in head and not head.endswith(":"):  # a mapping's header: "lo-hi perms offset ..."
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) > 0
+    return None
+
+
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
@@ -85,6 +106,8 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
         "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "cpu_huge_pages": huge_pages(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,

@@ -221,3 +221,31 @@ def test_a_record_is_dirty_for_changed_code_but_not_for_the_runs_own_outputs(tmp
     assert not tree_dirty(tmp_path)
     (tmp_path / "code.py").write_text("x = 2\n")
     assert tree_dirty(tmp_path)
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_large_cpu_tensors_sit_on_huge_pages_unless_opted_out_and_the_record_says_which(setting):
+    """``import attention_zoo`` asks PyTorch's CPU allocator for transparent huge pages (unless the environment has
+    chosen), and the environment record reports what the kernel actually gave an 8 MiB tensor."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        mode = None
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    code = ("import json, attention_zoo\nfrom attention_zoo.envinfo import environment_record\n"
+            "r = environment_record()\nprint(json.dumps([r['thp_mem_alloc_enable'], r['cpu_huge_pages']]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    asked, got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert asked == (setting or "1")
+    if mode is None:  # not Linux: nothing to ask the kernel
+        assert got is None
+    else:  # "always" gives huge pages regardless, "never" refuses them; "madvise" follows the allocator's request
+        assert got == {"always": True, "never": False, "madvise": asked == "1"}[mode]

@@ -54,7 +54,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "table6_vit": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "appendix_e_kde": ["--flavour", "both"],
         "synthetic": ["--variants", "*,controls"],  # its smoke grids and default seeds 0-4
-        "benchmark": ["--variants", "*", "--flavor", "both"],
+        "benchmark": ["--variants", "*", "--flavor", "both", "--repeats", "15"],  # 5 rounds left IQRs of 30 %
         "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
                         "classification:20"],
     },

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import cpu_model, device_name, resolve_device, setup_threads
+from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import create_attention, get_attention_spec, is_attention, parse_option_rows, select_attentions
@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
 
     env = (f"device: {device_name(device)} ({device}), CPU: {cpu_model()}, torch {torch.__version__}, "
            f"threads {torch.get_num_threads()}")
+    if device.type == "cpu":
+        env += f", huge pages {'on' if huge_pages() else 'off'} (THP_MEM_ALLOC_ENABLE)"
     print(env)
     gemm = gemm_gflops(device)
     print(f"fp32 GEMM 2048x2048: {gemm:.1f} GFLOP/s")
