@@ -302,7 +302,8 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seed
                             "test R² = 1 − MSE / Var(y) (dimensionless)", "λ (cross-subspace weight, dimensionless)",
                             zero=False, ref_lines={"oracle (noise floor)": floor, "trivial (training mean)": 0.0})
     if not acc.empty:
-        orc = _metric(df, "oracle_test_acc").drop_duplicates(["setting", "seed"]).assign(label="oracle (knows R)")
+        orc = _metric(df, "oracle_test_acc").drop_duplicates(["setting", "seed"]).assign(
+            label="oracle (knows R; a reference, not a bound)")  # a learner can beat it: docs/synthetic.md
         chance = float(_metric(df, "chance_acc")["value"].mean())
         plots.interval_plot(_band(pd.concat([acc, orc]), "value", ["label", "setting"]), "setting", "label",
                             out / "figure13_accuracy.png",
