@@ -1,0 +1,38 @@
+"""The elementwise building blocks of head-mixed attention (THA, DCMHA): a static head mix as one GEMM, the
+softmax in at least fp32, and the re-zeroing of invisible keys after a post-softmax mix. ``headmix.py`` composes
+them; the native kernels (``headmix_native.py``) replace them only where they are these exact functions."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Masks
+
+
+def mix_heads(weight: Tensor, a: Tensor) -> Tensor:
+    """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view.
+
+    An explicit bmm: ``weight @ a`` would fold the batch into a [B*T*S, H] GEMM with two transposed copies.
+    """
+    B, H, T, S = a.shape
+    return torch.bmm(weight.expand(B, H, H), a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
+
+
+def softmax_fp32(scores: Tensor) -> Tensor:
+    """Softmax over keys, computed in at least fp32, returned in the input dtype."""
+    low = scores.dtype in (torch.float16, torch.bfloat16)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32 if low else None).to(scores.dtype)
+
+
+def rezero(weights: Tensor, masks: Masks) -> Tensor:
+    """Re-zero invisible keys and dead rows after a post-softmax head mix.
+
+    A head-shared mask leaves exactly 0 at invisible keys of every head (exp(finfo.min - max) == 0) and a
+    linear head mix keeps them 0, so only per-head masks and dead rows (uniform weights) need the fill.
+    """
+    if masks.keep is not None and masks.keep.shape[1] != 1:
+        weights = weights.masked_fill(~masks.keep, 0.0)
+    if masks.dead is not None:
+        weights = weights.masked_fill(masks.dead, 0.0)
+    return weights
