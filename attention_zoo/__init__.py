@@ -4,9 +4,9 @@ import os as _os
 
 # Before torch allocates anything: PyTorch's CPU allocator reads this once, at its first allocation, and then backs
 # every tensor of >= 2 MiB with transparent huge pages. A buffer allocated afresh each step (DAMCHA's 134 MB
-# generator-weight gradient at D = 256) is then faulted in 2 MiB at a time instead of 4 KiB, which took DAMCHA's
-# CPU fwd+bwd from 2.3x to about 1.5x MHA's; values are unchanged. Set THP_MEM_ALLOC_ENABLE=0 to opt out; every
-# environment record says which applied (docs/conventions.md, "CPU").
+# generator-weight gradient at D = 256) is then faulted in 2 MiB at a time instead of 4 KiB: the largest cost of
+# DAMCHA's CPU step beyond MHA's that is not arithmetic. Values are unchanged. Set THP_MEM_ALLOC_ENABLE=0 to opt
+# out; every environment record says which applied (docs/conventions.md, "CPU").
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from . import (  # noqa: E402
