@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     env = (f"device: {device_name(device)} ({device}), CPU: {cpu_model()}, torch {torch.__version__}, "
            f"threads {torch.get_num_threads()}")
     if device.type == "cpu":
-        env += f", huge pages {'on' if huge_pages() else 'off'} (THP_MEM_ALLOC_ENABLE)"
+        env += f", huge pages {({True: 'on', False: 'off'}).get(huge_pages(), 'unknown')} (THP_MEM_ALLOC_ENABLE)"
     print(env)
     gemm = gemm_gflops(device)
     print(f"fp32 GEMM 2048x2048: {gemm:.1f} GFLOP/s")
