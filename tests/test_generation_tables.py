@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attention_zoo.claims import CLAIMS, decide
+from attention_zoo.claims.data import read_store
 from attention_zoo.data.seq2seq import IGNORE_INDEX
 from attention_zoo.experiments import (
     appendix_e_kde,
@@ -149,6 +151,12 @@ def test_table4_every_row_is_its_own_run(tmp_path):
     runs = {p.name.split("-")[3] for p in (tmp_path / "_cache" / "runs").iterdir()}
     assert runs == {"full", "no_sharing", "no_fx", "no_both"}
     assert "T4.both" in res.stdout and (tmp_path / "table4_ablation.png").is_file()
+    # the ledger reads the stored rows, not the report's derived labels: it must decide what the report decides
+    stored = {("table4_ablation", p): rows for p, rows in read_store(tmp_path / "table4_ablation.jsonl").items()}
+    ledger = {v.claim.id: v.verdict for v in decide(stored, tuple(c for c in CLAIMS if c.id.startswith("T4.")))}
+    md = (tmp_path / "table4_ablation.md").read_text()
+    for cid in ("T4.sharing", "T4.both"):
+        assert ledger[cid] != "not run" and f"**{ledger[cid]}**" in md, (cid, ledger[cid])
 
 
 def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import glob
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..claims import verdict_frame, verdict_markdown, verdicts_for
-from ..io import atomic_write_csv, atomic_write_text
+from ..io import atomic_write_csv, atomic_write_text, read_jsonl
 from ..registry import get_attention_spec, list_attentions
 
 DISCREPANCIES = """\
@@ -205,7 +206,7 @@ def _fmt_s(v) -> str:
     return f"{v:.0f} s" if v < 120 else f"{v:.0f} s ({v / 60:.1f} min)"
 
 
-def _how_made(record: dict) -> list[str]:
+def _how_made(record: dict, results: Path) -> list[str]:
     """The command, commit, machine and timings of the run(s) recorded by run_all."""
     runs, scripts = record.get("runs") or [], record.get("scripts") or {}
     if not runs:
@@ -238,7 +239,35 @@ def _how_made(record: dict) -> list[str]:
                    f"`{rec.get('run_id')}` |")
     out += ["", "Commands (in run order):", ""]
     out += [f"- `{name}`: `{rec.get('command')}`" for name, rec in scripts.items()]
-    return out + [""]
+    return out + [""] + _resumed_stores(results)
+
+
+def _resumed_stores(results: Path) -> list[str]:
+    """Stores whose finished cells come from more than one run of their script (a run stopped and resumed): the
+    wall time above is the last sitting's, so say which run measured how many cells."""
+    out = []
+    for path in sorted(results.glob("*/*.jsonl")):
+        envs, owner, contexts = {}, {}, {}
+        for rec in read_jsonl(path):
+            if rec.get("kind") == "run":
+                envs[rec.get("run_id")] = rec.get("env") or {}
+            elif "cell_id" in rec:
+                owner[rec["cell_id"]] = rec.get("run_id")  # the newest record of a cell counts, as in the store
+                contexts[rec["cell_id"]] = rec.get("context_id")
+        for ctx in dict.fromkeys(contexts.values()):
+            counts = Counter(owner[c] for c, x in contexts.items() if x == ctx)
+            if len(counts) < 2:
+                continue
+            parts = [f"{n} by `{rid}` (commit `{str(envs.get(rid, {}).get('git_commit'))[:7]}`, "
+                     f"{envs.get(rid, {}).get('cpu_model')}, started {envs.get(rid, {}).get('time_utc')})"
+                     for rid, n in counts.items()]
+            out.append(f"- `{path.relative_to(results)}`: {sum(counts.values())} cells from {len(counts)} runs of "
+                       f"its script: " + "; ".join(parts))
+    if not out:
+        return []
+    return ["**Resumed stores**: these stores' cells were measured by more than one sitting (a run stopped and "
+            "resumed; finished cells are never redone), so the wall time above counts the last sitting only; each "
+            "cell's own CPU time is in its rows.", "", *out, ""]
 
 
 def _section_lines(results: Path, sec: Section, scripts: dict, seen_md: set, verdicts: list) -> list[str]:
@@ -306,7 +335,7 @@ def build_index(results: str | Path, preset: str | None = None) -> Path:
            "## Verdicts on the paper's claims", "", verdict_markdown(verdicts),
            "Also as [claims.md](claims.md) and [claims.csv](claims.csv) (with the context and runs behind each "
            "verdict).", ""]
-    out += ["## How these results were made", ""] + _how_made(record)
+    out += ["## How these results were made", ""] + _how_made(record, results)
     seen_md: set[Path] = set()
     for sec in SECTIONS:
         out += _section_lines(results, sec, scripts, seen_md, verdicts)
