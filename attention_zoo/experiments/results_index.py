@@ -258,9 +258,8 @@ def _resumed_stores(results: Path) -> list[str]:
             counts = Counter(owner[c] for c, x in contexts.items() if x == ctx)
             if len(counts) < 2:
                 continue
-            parts = [f"{n} by `{rid}` (commit `{str(envs.get(rid, {}).get('git_commit'))[:7]}`, "
-                     f"{envs.get(rid, {}).get('cpu_model')}, started {envs.get(rid, {}).get('time_utc')})"
-                     for rid, n in counts.items()]
+            parts = [f"{n} by `{rid}` (commit `{str(env.get('git_commit'))[:7]}`, {env.get('cpu_model')}, started "
+                     f"{env.get('time_utc')})" for rid, n in counts.items() for env in [envs.get(rid, {})]]
             out.append(f"- `{path.relative_to(results)}`: {sum(counts.values())} cells from {len(counts)} runs of "
                        f"its script: " + "; ".join(parts))
     if not out:
