@@ -249,3 +249,34 @@ def test_large_cpu_tensors_sit_on_huge_pages_unless_opted_out_and_the_record_say
         assert got is None
     else:  # "always" gives huge pages regardless, "never" refuses them; "madvise" follows the allocator's request
         assert got == {"always": True, "never": False, "madvise": asked == "1"}[mode]
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_cpu_timing_keeps_freed_memory_unless_opted_out_and_the_record_says_which(setting):
+    """On CPU the timing loops keep freed memory for reuse (as a GPU caching allocator does): a freed 64 MiB tensor
+    stays resident instead of going back to the kernel; ``ATTENTION_ZOO_MALLOC_RETAIN=0`` keeps glibc's default,
+    which returns it. The environment record says which applied."""
+    import json
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+        pytest.skip("glibc malloc only")
+    env = {k: v for k, v in os.environ.items() if k != "ATTENTION_ZOO_MALLOC_RETAIN"}
+    if setting is not None:
+        env["ATTENTION_ZOO_MALLOC_RETAIN"] = setting
+    code = ("import json, torch\nfrom attention_zoo.measure.latency import measure_latency\n"
+            "from attention_zoo.envinfo import environment_record\n"
+            "def rss():\n"
+            "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS'))\n"
+            "measure_latency(lambda: None, repeats=1, warmup=0)\n"
+            "t = torch.ones(1 << 24); held = rss(); del t\n"
+            "print(json.dumps([environment_record()['cpu_malloc_retained'], (held - rss()) / 1024]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    retained, freed_mib = json.loads(out.stdout.strip().splitlines()[-1])
+    if setting == "0":
+        assert retained is False and freed_mib > 48  # returned to the kernel at once
+    else:
+        assert retained is True and freed_mib < 16  # still resident, for the next step's buffers

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..checks import check_positive_int, check_real
+from ..envinfo import retain_freed_memory
 from .status import NonFiniteError, check_finite
 from .workload import Workload
 
@@ -193,6 +194,8 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
     """
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
+    if device.type == "cpu":
+        retain_freed_memory()
     for _ in range(warmup):
         fn()
     probe = LoadProbe().start(device)
@@ -237,6 +240,8 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     whose last result is not finite is returned with a NonFiniteError."""
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
+    if device.type == "cpu":
+        retain_freed_memory()
     live, failures = dict(fns), {}
     times: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}  # each callable's last result, checked after timing

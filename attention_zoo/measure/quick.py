@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, setup_threads
+from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_freed_memory, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import create_attention, get_attention_spec, is_attention, parse_option_rows, select_attentions
@@ -46,12 +46,21 @@ from .workload import build_workload, workload_spec
 BASELINE, METHOD = "mha", "damcha"
 
 
-def gemm_gflops(device: torch.device, n: int = 2048, warmup: int = 3, repeats: int = 10) -> float:
-    """fp32 GEMM rate of an n×n by n×n matmul (2n³ FLOPs / median time)."""
+GEMM_N = 2048
+GEMM_LABEL = f"fp32 GEMM {GEMM_N}x{GEMM_N}"  # the reference timed among the cases
+
+
+def gemm_case(device: torch.device, n: int = GEMM_N):
+    """(callable, FLOPs) of an n×n by n×n fp32 matmul: the machine's GEMM rate, the bound of every % GEMM."""
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(device) for _ in range(2))
-    res = measure_latency(lambda: a @ b, device, warmup, repeats)
-    return 2 * n**3 / (res.median_ms * 1e-3) / 1e9
+    return (lambda: a @ b), 2 * n**3
+
+
+def gemm_gflops(device: torch.device, n: int = GEMM_N, warmup: int = 3, repeats: int = 10) -> float:
+    """fp32 GEMM rate of an n×n by n×n matmul (2n³ FLOPs / median time), timed on its own."""
+    fn, flop = gemm_case(device, n)
+    return flop / (measure_latency(fn, device, warmup, repeats).median_ms * 1e-3) / 1e9
 
 
 def flavors_of(name: str, flavor: str) -> list[str]:
@@ -81,9 +90,12 @@ def cases(names: list[str], args) -> list[tuple[str, dict]]:
     return out
 
 
-def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: int, rounds: int) -> dict:
+def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: int, rounds: int
+                    ) -> tuple[dict, float]:
     """Build every case, then time one fwd+bwd step of each in turn (A B C … A B C …), ``rounds`` times, so that
-    machine-load drift hits every case alike; per case the median and IQR of its rounds (a LatencyResult)."""
+    machine-load drift hits every case alike; per case the median and IQR of its rounds (a LatencyResult). The GEMM
+    reference is one more case of the same rounds, so a % of the GEMM rate compares times taken alike. Returns
+    (rows, GEMM rate in GFLOP/s)."""
     rows, live = {}, {}
     for label, spec in todo:
         def build(spec=spec):
@@ -95,8 +107,10 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
             live[label] = res
         else:
             rows[label] = {"status": res["status"], "message": res.get("message")}
-    results, failures = measure_interleaved({label: case["fn"] for label, case in live.items()}, device, warmup,
-                                            repeats=rounds)
+    gemm_fn, gemm_flop = gemm_case(device)
+    fns = {GEMM_LABEL: gemm_fn, **{label: case["fn"] for label, case in live.items()}}
+    results, failures = measure_interleaved(fns, device, warmup, repeats=rounds)
+    gemm = gemm_flop / (results.pop(GEMM_LABEL).median_ms * 1e-3) / 1e9
     for label, exc in failures.items():  # an OOM or a NaN/inf loss is a row; anything else is a bug
         status = failure_status(exc)
         if status is None:
@@ -110,7 +124,7 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
                        "unstable": lat.unstable, "unstable_reason": lat.unstable_reason or None,
                        **{k: lat.load.get(k) for k in LOAD_KEYS}}
     live.clear()  # free the models before the memory is measured
-    return {label: rows[label] for label, _ in todo}
+    return {label: rows[label] for label, _ in todo}, gemm
 
 
 def baseline_label(label: str) -> str:
@@ -246,10 +260,12 @@ def mha_breakdown(device: torch.device, batch: int, seq_len: int, d_model: int, 
         q, k, v = layer.split_qkv(qkv)
         layer.merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v)).backward(g)
 
-    fns = dict(zip(BREAKDOWN, (whole, projections, core)))
+    gemm_fn, gemm_flop = gemm_case(device)
+    fns = {GEMM_LABEL: gemm_fn, **dict(zip(BREAKDOWN, (whole, projections, core)))}
     results, failures = measure_interleaved(fns, device, max(1, warmup), repeats=rounds)
     for exc in failures.values():
         raise exc
+    gemm = gemm_flop / (results.pop(GEMM_LABEL).median_ms * 1e-3) / 1e9
     flops = {BREAKDOWN[0]: 8 * B * T * D * D + 4 * B * T * T * D, BREAKDOWN[1]: 8 * B * T * D * D,
              BREAKDOWN[2]: 4 * B * T * T * D}
     total = results[BREAKDOWN[0]].median_ms
@@ -258,7 +274,7 @@ def mha_breakdown(device: torch.device, batch: int, seq_len: int, d_model: int, 
     rest = total - out[BREAKDOWN[1]]["ms"] - out[BREAKDOWN[2]]["ms"]
     out["rest (head split/merge copies, bias grads, autograd)"] = {"ms": rest, "iqr_ms": None, "gflop": 0.0,
                                                                    "share": rest / total}
-    return out
+    return out, gemm
 
 
 def breakdown_lines(parts: dict, gemm: float) -> list[str]:
@@ -347,11 +363,12 @@ def main(argv: list[str] | None = None) -> int:
            f"threads {torch.get_num_threads()}")
     if device.type == "cpu":
         env += f", huge pages {({True: 'on', False: 'off'}).get(huge_pages(), 'unknown')} (THP_MEM_ALLOC_ENABLE)"
+        kept = {True: "kept for reuse", False: "returned"}.get(retain_freed_memory(), "unknown")
+        env += f", freed memory {kept} while timing (ATTENTION_ZOO_MALLOC_RETAIN)"
     print(env)
-    gemm = gemm_gflops(device)
-    print(f"fp32 GEMM 2048x2048: {gemm:.1f} GFLOP/s")
     todo = cases(names, args)
-    rows = run_interleaved(todo, device, args.warmup, args.repeats)
+    rows, gemm = run_interleaved(todo, device, args.warmup, args.repeats)
+    print(f"{GEMM_LABEL}, timed in the same rounds: {gemm:.1f} GFLOP/s")
     mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads()) for _, spec in todo],
                               device, workers=1)
     unit = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
@@ -381,9 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {label}: unstable timing ({why})", file=sys.stderr)
     parts = None
     if args.breakdown and is_attention(BASELINE):
-        parts = mha_breakdown(device, args.batch, args.seq_len, args.d_model, args.heads, args.warmup, args.repeats)
-        print(f"\nMHA layer, fwd+bwd, where the time goes ({args.repeats} interleaved rounds):")
-        for line in breakdown_lines(parts, gemm):
+        parts, parts_gemm = mha_breakdown(device, args.batch, args.seq_len, args.d_model, args.heads, args.warmup,
+                                          args.repeats)
+        print(f"\nMHA layer, fwd+bwd, where the time goes ({args.repeats} interleaved rounds with the GEMM reference, "
+              f"{parts_gemm:.1f} GFLOP/s):")
+        for line in breakdown_lines(parts, parts_gemm):
             print(f"  {line}")
     print()
     for line in summary_lines(rows, gemm):
@@ -395,16 +414,18 @@ def main(argv: list[str] | None = None) -> int:
                  "cpu_model": cpu_model(), "threads": torch.get_num_threads()}
         recs = [{"case": k, **v, **where} for k, v in rows.items()]
         recs += [{"case": f"mha breakdown: {part}", "status": "ok", "fwd_bwd_ms": r["ms"], "iqr_ms": r["iqr_ms"],
-                  "layer_share": r["share"], **where} for part, r in (parts or {}).items()]
+                  "layer_share": r["share"], **where, "gemm_gflops": parts_gemm} for part, r in (parts or {}).items()]
         frame = pd.DataFrame(recs)
         atomic_write_csv(frame, args.csv)
     if args.plot:  # the figure names the machine too: ratios move with the CPU
         plot(rows, args.plot, f"{device_name(device)}, {torch.get_num_threads()} thread(s); {title}", mem_label)
     if args.md:
-        text = markdown(rows, gemm, f"# Quick benchmark\n\n{env}; fp32 GEMM {gemm:.1f} GFLOP/s\n\n{title}")
+        text = markdown(rows, gemm, f"# Quick benchmark\n\n{env}; {GEMM_LABEL} {gemm:.1f} GFLOP/s (median of the same "
+                                   f"interleaved rounds as the cases)\n\n{title}")
         if parts:
-            text += "\nMHA layer, fwd+bwd, where the time goes:\n\n" + "".join(f"- {x}\n" for x in breakdown_lines(
-                parts, gemm))
+            text += (f"\nMHA layer, fwd+bwd, where the time goes (its own interleaved rounds, with the GEMM reference "
+                     f"at {parts_gemm:.1f} GFLOP/s in them):\n\n" + "".join(f"- {x}\n" for x in breakdown_lines(
+                         parts, parts_gemm)))
         text += "\n" + "".join(f"- {x}\n" for x in summary_lines(rows, gemm))
         atomic_write_text(args.md, text)
     return 0
