@@ -1,6 +1,7 @@
 """Quick benchmark: ``python -m attention_zoo.measure.quick``.
 
-In one run: the machine's fp32 GEMM rate (2048² matmul); forward+backward time and peak memory of single
+In one run: the machine's fp32 GEMM rate (2048² matmul, timed as one more case of the interleaved rounds, so a
+% of the GEMM rate compares times taken under the same load); forward+backward time and peak memory of single
 attention layers (non-causal and causal) at B=4, T=512, D=256, H=8; and of a 4-layer causal Decoder (vocab 256,
 stack-shared DAMCHA generator). Achieved GFLOP/s = 3 × analytic forward FLOPs / fwd+bwd median time (backward
 ≈ 2 × forward). Peak memory is of one forward+backward step (no optimizer): CUDA ``max_memory_allocated`` minus
