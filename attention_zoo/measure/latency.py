@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..checks import check_positive_int, check_real
-from ..envinfo import retain_freed_memory
+from ..envinfo import SteadyHeap, retain_freed_memory
 from .status import NonFiniteError, check_finite
 from .workload import Workload
 
@@ -196,8 +196,11 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
     device = torch.device(device)
     if device.type == "cpu":
         retain_freed_memory()
+    heap = SteadyHeap().start()
     for _ in range(warmup):
         fn()
+    if device.type == "cpu":
+        heap.settle()
     probe = LoadProbe().start(device)
     times: list[float] = []
     last = None  # the last call's result, checked after timing; released before each call
@@ -242,6 +245,7 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     device = torch.device(device)
     if device.type == "cpu":
         retain_freed_memory()
+    heap = SteadyHeap().start()
     live, failures = dict(fns), {}
     times: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}  # each callable's last result, checked after timing
@@ -269,6 +273,8 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     for _ in range(warmup):
         for label, fn in list(live.items()):
             call(label, fn, False)
+    if device.type == "cpu":
+        heap.settle()
     probe = LoadProbe().start(device)
 
     def done(label: str) -> bool:
