@@ -69,10 +69,10 @@ def retain_freed_memory() -> bool | None:
     """Keep freed CPU memory in this process for reuse, as a GPU's caching allocator does (glibc malloc: no ``mmap``
     for large blocks, no trimming), so that a buffer made afresh each step (DAMCHA's 134 MB generator-weight
     gradient at D = 256) reuses pages the process already holds instead of faulting new ones in. On a virtual
-    machine a first touch of pages can cost 10–20× a rewrite of held ones (measured here: a fresh 134 MB copy took
-    13–250 ms), and that cost falls on the variants that allocate the most per step. Values are unchanged. Called by
-    the timing loops (``measure.latency``) on CPU; peak memory is measured in fresh child processes that keep the
-    default. ``ATTENTION_ZOO_MALLOC_RETAIN=0`` opts out. Returns True where applied, False where opted out or
+    machine a first touch of pages can cost many times a rewrite of held ones, and that cost falls on the variants
+    that allocate the most per step. Values are unchanged. Called by the timing loops (``measure.latency``) on CPU;
+    peak memory is measured in fresh child processes that keep the default. ``ATTENTION_ZOO_MALLOC_RETAIN=0`` opts
+    out. Returns True where applied, False where opted out or
     refused, None where the C library is not glibc."""
     if _retained:
         return _retained[0]
@@ -110,19 +110,22 @@ class SteadyHeap:
     """Brings a process that keeps freed memory (``retain_freed_memory``) to a steady footprint before timing.
 
     Kept memory is reused, but where freed blocks are fragmented a step that needs a larger one grows the heap, and
-    the new pages are faulted in during that step: on the VM measured here such a round took 3–5× the others.
-    ``start()`` before the warm-up, ``settle()`` after it: one block as large as the warm-up's growth (at least
-    256 MiB, at most 1 GiB and an eighth of the available memory) is touched and freed, so that it stays resident
-    at the top of the heap and later growth is served from it. Nothing happens where memory is not kept."""
+    the new pages are faulted in during that step, which then stands out from the other rounds.
+    Made before the warm-up (on CPU it first asks for kept memory), ``settle()`` after it: one block as large as the
+    warm-up's growth (at least 256 MiB, at most 1 GiB and an eighth of the available memory) is touched and freed, so
+    that it stays resident at the top of the heap and later growth is served from it. Nothing happens on other
+    devices or where memory is not kept."""
 
-    def start(self) -> SteadyHeap:
+    def __init__(self, device: torch.device | str):
+        self.cpu = torch.device(device).type == "cpu"
+        if self.cpu:
+            retain_freed_memory()
         self.rss = _resident_bytes()
-        return self
 
     def settle(self) -> int:
         """Touch and free the pad; returns its size in bytes (0 where nothing was done)."""
         now, avail = _resident_bytes(), _available_bytes()
-        if not malloc_retained() or now is None or self.rss is None or avail is None:
+        if not self.cpu or not malloc_retained() or now is None or self.rss is None or avail is None:
             return 0
         size = int(min(max(now - self.rss, 256 << 20), 1 << 30, avail // 8))
         pad = torch.empty(size, dtype=torch.uint8)

@@ -11,6 +11,7 @@ adapters; the Hugging Face ones (GPT-2, the Llama family) are in ``hf_adapters.p
 
 from __future__ import annotations
 
+import abc
 import sys
 from typing import NamedTuple
 
@@ -63,7 +64,7 @@ def _visible(mask: Tensor) -> Tensor:
 
 
 # ---- the adapters ------------------------------------------------------------------------------------------
-class _Swapped(nn.Module):
+class _Swapped(nn.Module, abc.ABC):
     """Base of the host adapters: owns ``attn`` (our module), knows its path and its place in a shared stack."""
 
     host_name = "?"  # for messages about the host
@@ -81,12 +82,14 @@ class _Swapped(nn.Module):
         return False
 
     @classmethod
+    @abc.abstractmethod
     def layout(cls, host: nn.Module, path: str, parent: nn.Module | None, attr: str | None) -> HostLayout:
-        raise NotImplementedError
+        """The host's geometry and options (every adapter reads its own host type)."""
 
     @classmethod
+    @abc.abstractmethod
     def from_host(cls, attn: nn.Module, path: str, host: nn.Module) -> _Swapped:
-        raise NotImplementedError
+        """The adapter around our ``attn``, taking over what it keeps from ``host``."""
 
     @classmethod
     def is_block(cls, parent: nn.Module | None, adapter: _Swapped) -> bool:

@@ -35,7 +35,7 @@ from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
 from ..envinfo import environment_record, resolve_device, setup_threads
 from ..io import atomic_write_csv, atomic_write_json, atomic_write_text
 from ..measure.flops import analytic_flops
-from ..measure.quick import gemm_gflops
+from ..measure.gemm import gemm_gflops
 from ..registry import select_attentions
 from ..report import markdown_table
 from ..results import ensure_out_file

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..checks import check_positive_int, check_real
-from ..envinfo import SteadyHeap, retain_freed_memory
+from ..envinfo import SteadyHeap
 from .status import NonFiniteError, check_finite
 from .workload import Workload
 
@@ -194,13 +194,10 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
     """
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
-    if device.type == "cpu":
-        retain_freed_memory()
-    heap = SteadyHeap().start()
+    heap = SteadyHeap(device)  # on CPU: kept freed memory, settled after the warm-up
     for _ in range(warmup):
         fn()
-    if device.type == "cpu":
-        heap.settle()
+    heap.settle()
     probe = LoadProbe().start(device)
     times: list[float] = []
     last = None  # the last call's result, checked after timing; released before each call
@@ -243,9 +240,7 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     whose last result is not finite is returned with a NonFiniteError."""
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
-    if device.type == "cpu":
-        retain_freed_memory()
-    heap = SteadyHeap().start()
+    heap = SteadyHeap(device)  # on CPU: kept freed memory, settled after the warm-up
     live, failures = dict(fns), {}
     times: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}  # each callable's last result, checked after timing
@@ -273,8 +268,7 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     for _ in range(warmup):
         for label, fn in list(live.items()):
             call(label, fn, False)
-    if device.type == "cpu":
-        heap.settle()
+    heap.settle()
     probe = LoadProbe().start(device)
 
     def done(label: str) -> bool:

@@ -36,32 +36,17 @@ from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
 from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_freed_memory, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
-from ..registry import create_attention, get_attention_spec, is_attention, parse_option_rows, select_attentions
+from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
 from ..results import ensure_out_file
+from .breakdown import breakdown_lines, mha_breakdown
 from .flops import analytic_flops
-from .latency import LOAD_KEYS, measure_interleaved, measure_latency, step_fn
+from .gemm import GEMM_LABEL, interleaved_with_gemm
+from .latency import LOAD_KEYS, step_fn
 from .memory import measure_memory_many, memory_item
 from .status import failure_status, guarded, short_message
 from .workload import build_workload, workload_spec
 
 BASELINE, METHOD = "mha", "damcha"
-
-
-GEMM_N = 2048
-GEMM_LABEL = f"fp32 GEMM {GEMM_N}x{GEMM_N}"  # the reference timed among the cases
-
-
-def gemm_case(device: torch.device, n: int = GEMM_N):
-    """(callable, FLOPs) of an n×n by n×n fp32 matmul: the machine's GEMM rate, the bound of every % GEMM."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(device) for _ in range(2))
-    return (lambda: a @ b), 2 * n**3
-
-
-def gemm_gflops(device: torch.device, n: int = GEMM_N, warmup: int = 3, repeats: int = 10) -> float:
-    """fp32 GEMM rate of an n×n by n×n matmul (2n³ FLOPs / median time), timed on its own."""
-    fn, flop = gemm_case(device, n)
-    return flop / (measure_latency(fn, device, warmup, repeats).median_ms * 1e-3) / 1e9
 
 
 def flavors_of(name: str, flavor: str) -> list[str]:
@@ -108,10 +93,8 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
             live[label] = res
         else:
             rows[label] = {"status": res["status"], "message": res.get("message")}
-    gemm_fn, gemm_flop = gemm_case(device)
-    fns = {GEMM_LABEL: gemm_fn, **{label: case["fn"] for label, case in live.items()}}
-    results, failures = measure_interleaved(fns, device, warmup, repeats=rounds)
-    gemm = gemm_flop / (results.pop(GEMM_LABEL).median_ms * 1e-3) / 1e9
+    fns = {label: case["fn"] for label, case in live.items()}
+    results, failures, gemm = interleaved_with_gemm(fns, device, warmup, rounds)
     for label, exc in failures.items():  # an OOM or a NaN/inf loss is a row; anything else is a bug
         status = failure_status(exc)
         if status is None:
@@ -228,62 +211,6 @@ def summary_lines(rows: dict, gemm: float) -> list[str]:
         out.append(f"{what}: {value:.2f}{unit} (target {op} {bound:g}{unit}): "
                    f"{'meets' if ok else 'misses'} target{shaky}")
     return out
-
-
-BREAKDOWN = ("mha layer", "projections (qkv + out_proj)", "SDPA core")
-
-
-def mha_breakdown(device: torch.device, batch: int, seq_len: int, d_model: int, heads: int, warmup: int,
-                  rounds: int) -> dict:
-    """Where MHA's layer time goes: fwd+bwd of the whole layer, of its two projections alone (the qkv and output
-    GEMMs with their biases, on inputs of the layer's shapes) and of F.scaled_dot_product_attention alone (on
-    q, k, v in the layout the layer hands it), timed interleaved; the rest (layer - projections - core) is the
-    layout copies of splitting/merging heads, the bias gradients' reductions and autograd's bookkeeping.
-    {part: {"ms", "iqr_ms", "gflop" (fwd+bwd, 3 x forward), "share" of the layer time}}."""
-    gen = torch.Generator().manual_seed(0)
-    B, T, D, H = batch, seq_len, d_model, heads
-    layer = create_attention(BASELINE, d_model=D, n_heads=H).to(device)
-    x = torch.randn(B, T, D, generator=gen).to(device).requires_grad_()
-    z = torch.randn(B, T, D, generator=gen).to(device).requires_grad_()
-    g = torch.randn(B, T, D, generator=gen).to(device)
-    g3 = torch.randn(B, T, 3 * D, generator=gen).to(device)
-    qkv = torch.randn(B, T, 3 * D, generator=gen).to(device).requires_grad_()
-
-    def whole():
-        layer.zero_grad(set_to_none=True)
-        layer(x).backward(g)
-
-    def projections():
-        layer.zero_grad(set_to_none=True)
-        torch.autograd.backward([layer.qkv(x), layer.out_proj(z)], [g3, g])
-
-    def core():
-        q, k, v = layer.split_qkv(qkv)
-        layer.merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v)).backward(g)
-
-    gemm_fn, gemm_flop = gemm_case(device)
-    fns = {GEMM_LABEL: gemm_fn, **dict(zip(BREAKDOWN, (whole, projections, core)))}
-    results, failures = measure_interleaved(fns, device, max(1, warmup), repeats=rounds)
-    for exc in failures.values():
-        raise exc
-    gemm = gemm_flop / (results.pop(GEMM_LABEL).median_ms * 1e-3) / 1e9
-    flops = {BREAKDOWN[0]: 8 * B * T * D * D + 4 * B * T * T * D, BREAKDOWN[1]: 8 * B * T * D * D,
-             BREAKDOWN[2]: 4 * B * T * T * D}
-    total = results[BREAKDOWN[0]].median_ms
-    out = {part: {"ms": lat.median_ms, "iqr_ms": lat.iqr_ms, "gflop": 3 * flops[part] / 1e9,
-                  "share": lat.median_ms / total} for part, lat in results.items()}
-    rest = total - out[BREAKDOWN[1]]["ms"] - out[BREAKDOWN[2]]["ms"]
-    out["rest (head split/merge copies, bias grads, autograd)"] = {"ms": rest, "iqr_ms": None, "gflop": 0.0,
-                                                                   "share": rest / total}
-    return out, gemm
-
-
-def breakdown_lines(parts: dict, gemm: float) -> list[str]:
-    lines = []
-    for part, r in parts.items():
-        rate = f", {100 * r['gflop'] / (r['ms'] * 1e-3) / gemm:.0f} % of the GEMM rate" if r["gflop"] else ""
-        lines.append(f"{part}: {r['ms']:.1f} ms ({100 * r['share']:.0f} % of the layer{rate})")
-    return lines
 
 
 def plot(rows: dict, path, title: str, memory_unit: str = "peak memory") -> list:
