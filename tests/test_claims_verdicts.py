@@ -60,26 +60,29 @@ def test_no_effect_is_inconclusive_with_the_right_mde():
     assert f"MDE {expected:.2g}" in v.verdict
 
 
-def test_reversed_effect_is_contradicted():
-    assert _verdict(_frame(-0.10)).verdict == "contradicted"
+def test_reversed_effect_is_contradicted_and_says_which_way():
+    assert _verdict(_frame(-0.10)).verdict == "contradicted: damcha worse than mha"
 
 
 def test_an_effect_below_the_papers_is_contradicted_on_the_papers_task():
     # +1 % ± small noise, tightly measured: the interval excludes the paper's +4.8 % from above
-    assert _verdict(_frame(0.01, noise=0.001)).verdict == "contradicted"
+    v = _verdict(_frame(0.01, noise=0.001))
+    assert v.kind == "contradicted" and "short of the paper's +4.8" in v.verdict
 
 
 def test_a_control_that_reproduces_the_effect_explains_it():
     v = _verdict(_frame(0.10, control_gain=0.10))
     assert v.verdict == "explained by a control", v.control
-    assert v.control.startswith("mha_ctx:")
+    assert v.control.startswith("λ = 1: mha_ctx")
     assert _verdict(_frame(0.10, control_gain=0.0)).verdict == "supported"  # a control that gains nothing
 
 
-def test_small_n_never_decides():
+def test_small_n_prints_the_range_of_the_seeds_and_is_not_decidable():
     df = _frame(0.10)
     v = _verdict(df[df["seed"] < 3])
-    assert v.verdict.startswith("inconclusive") and "sign-flip" in v.verdict
+    assert v.verdict == "not decidable at n = 3" and v.kind == "not decidable"
+    assert "range of 3 seeds [" in v.ours and "CI" not in v.ours and not re.search(r"MDE \d", v.verdict + v.note)
+    assert "the sign-flip test cannot reject at n = 3" in v.note
 
 
 def test_not_run_without_rows():
@@ -91,7 +94,7 @@ def test_noninferiority_rule():
     v = _verdict(_frame(0.0, noise=0.002).assign(lam=0.0), "I.lambda0")
     assert v.verdict == "supported", v.ours  # within the 2 % margin, precisely measured
     worse = _frame(-0.10, noise=0.002).assign(lam=0.0)
-    assert _verdict(worse, "I.lambda0").verdict == "contradicted"
+    assert _verdict(worse, "I.lambda0").verdict == "contradicted: damcha worse than mha by more than the margin"
 
 
 def test_the_ledger_covers_every_claim_listed_in_the_docs():
@@ -121,7 +124,9 @@ def test_claims_cli_rebuilds_the_table_from_a_store(tmp_path, capsys):
     assert re.search(r"I\.lambda1\s+\[decide\] supported", out)
     csv = pd.read_csv(tmp_path / "claims.csv")
     assert set(csv["id"]) == {c.id for c in CLAIMS}
-    assert "| claim | paper | ours (effect [CI], n) | verdict |" in (tmp_path / "claims.md").read_text()
+    md = (tmp_path / "claims.md").read_text()
+    assert "| claim | paper | ours (effect, interval, n) | verdict |" in md and re.search(r"\*\*30 claims: ", md)
+    assert not csv["verdict"].str.contains(r"\*\*").any()  # plain text in the CSV
     assert claims_main(["--results", str(tmp_path / "missing")]) == 2
 
 

@@ -92,6 +92,10 @@ def test_early_stopping_keeps_the_best_checkpoint():
     v = _values(rows[0])
     assert v[("steps_run", None, None)] == 6 * (1 + frozen.patience)  # stopped by patience, not the budget
     assert v[("best_step", None, None)] == 6
+    # evaluations at the budget fractions (steps 8, 16, 32) do not count toward patience: still 12 steps after 6
+    between = dataclasses.replace(frozen, max_steps=64, budget_fracs=(0.125, 0.25, 0.5, 1.0))
+    _, rows3 = _train("mha", True, fit=between)
+    assert _values(rows3[0])[("steps_run", None, None)] == 6 + between.patience * between.eval_every
     g2, rows2 = _train("damcha", False)
     for s, r in enumerate(rows2):  # the model left in place is each seed's best checkpoint
         again = g2._test_metrics(g2.models[s], {k: v[s:s + 1] for k, v in g2.data.items()})[0]

@@ -29,6 +29,7 @@ class StoreRows:
     context_id: str
     run_ids: list[str]
     commits: list[str]
+    gate_checked: bool = True  # False: no cell carried a trivial-predictor reference (``gate``)
 
 
 def _preset_of(context: dict, cell: dict) -> str | None:
@@ -97,6 +98,30 @@ def matches(df: pd.DataFrame, where: dict) -> pd.Series:
         else:
             keep &= vals.astype(str) == str(want)
     return keep
+
+
+def run_facts(df: pd.DataFrame) -> str:
+    """What the rows behind a verdict are, read from the stored cells (never from the preset's description): seeds,
+    steps actually run, data."""
+    if df.empty:
+        return ""
+    facts = []
+    if "seed" in df:
+        facts.append(f"{df['seed'].nunique()} seeds")
+    steps = df.loc[df["metric"] == "steps_run", "value"] if "metric" in df else pd.Series(dtype=float)
+    if not steps.empty:
+        lo, med, hi = (int(x) for x in np.nanpercentile(steps.astype(float), [0, 50, 100]))
+        facts.append(f"{hi} steps" if lo == hi else f"{lo}–{hi} steps run (median {med}; early stopping)")
+    else:
+        for col in ("train_steps", "max_steps", "steps"):
+            if col in df and df[col].notna().any():
+                vals = sorted({int(v) for v in pd.to_numeric(df[col], errors="coerce").dropna()})
+                if vals:
+                    facts.append(f"{'/'.join(map(str, vals))} steps")
+                    break
+    if "dataset" in df and df["dataset"].notna().any():
+        facts.append("data " + ", ".join(sorted(map(str, df["dataset"].dropna().unique()))))
+    return "; ".join(facts)
 
 
 def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:

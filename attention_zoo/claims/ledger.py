@@ -38,11 +38,10 @@ T1_TEXT = {"smoke": _GEN_SMOKE.format(task="concept-to-sentence task built from 
            "paper": "paper task"}
 T1_SCALE = ("Table 1 paper preset: 28 runs, est. ≈ 9 GPU-h at the assumed 15 ms step floor (≈ 1.2 h on 8 GPUs); "
             "one seed in the paper — several seeds are needed to pair")
-SYNTH = {"smoke": "paper task (Appendix I; our generators); smoke preset: 200 steps, far from a plateau",
-         "decide": "paper task (Appendix I; our generators); decide preset: trained to a validation plateau",
+SYNTH = {"smoke": "paper task (Appendix I; our generators); smoke preset: a fixed short budget (pipeline check)",
+         "decide": "paper task (Appendix I; our generators); decide preset: early stopping on validation",
          "paper": "paper task (Appendix I; our generators); paper preset (2 layers, T = 32)"}
-REG_UNIT, CLS_UNIT = "% of MHA's test MSE", "accuracy points"
-SYNTH_SCALE = "the decide preset is the CPU-scale decision; paper preset: ≈ 1.6 GPU-h (docs/paper_scale.md)"
+SYNTH_SCALE = "paper preset: ≈ 1.6 GPU-h (docs/paper_scale.md)"
 
 CLAIMS: tuple[Claim, ...] = (
     # ---- Table 1 -------------------------------------------------------------------------------------------------
@@ -147,7 +146,7 @@ CLAIMS: tuple[Claim, ...] = (
           "Table 5, §5.4, pp. 8–9", "−5.19 % vs MHA, −3.70 % vs DCMHA (Mix)", "table5_gpt2", "test_loss", "lower",
           "relative", (Comparison("vs mha", DAMCHA, MHA, {}, 1, 5.19),
                        Comparison("vs dcmha/damcha_repo", DAMCHA, arm("dcmha", "damcha_repo"), {}, 1, 3.70)),
-          "Table 5", {"smoke": "stand-in: Shakespeare characters, 300 steps (smoke)",
+          "Table 5", {"smoke": "stand-in: Shakespeare characters (smoke)",
                       "paper": "enwik8 / text8 / Mix at GPT-2 scale"}, ("paper",),
           where={"dataset": by_preset(smoke="shakespeare", paper="mix")}, controls=EXPLAINING,
           paper_scale="Table 5 paper preset: 9 runs × 1.64 B tokens, est. ≈ 5.9 GPU-h (≈ 0.74 h on 8 GPUs)"),
@@ -166,7 +165,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("F.structure", "DAMCHA's metric develops structured off-diagonal blocks during training", "App. F, p. 21",
           "–", "appendix_fgh", "block_norm_cv", "higher", "difference",
           (Comparison("last vs first snapshot", Arm("last snapshot", {}, "last", "step"),
-                      Arm("first snapshot", {}, "first", "step"), {"model": "adaptive"}),), "Appendix F",
+                      Arm("first snapshot", {}, "first", "step"), {"model": "adaptive"}),), "Appendices F–H",
           {"smoke": "stand-in: digits patch task; CV of the H×H block Frobenius norms, per block normalised",
            "paper": "CIFAR-10"}, where={"layer_index": 0},
           paper_scale="App. F–H paper preset: 3 runs, ≈ 0.34 GPU-h"),
@@ -174,14 +173,15 @@ CLAIMS: tuple[Claim, ...] = (
           "App. G, Fig. 9, pp. 21–22", "–", "appendix_fgh", "grad_grid_cv", "lower", "relative",
           (Comparison("shared vs unshared", Arm("shared", {"model": "adaptive"}, "last", "step"),
                       Arm("unshared", {"model": "unshared"}, "last", "step")),),
-          "Appendix G", {"smoke": "stand-in: digits patch task, CV of the ‖∂L/∂M_ij‖ grid (mean over generators) at "
-                                  "the last snapshot",
+          "Appendices F–H", {"smoke": "stand-in: digits patch task, CV of the ‖∂L/∂M_ij‖ grid (mean over "
+                                      "generators) at the last snapshot",
                          "paper": "CIFAR-10"}, paper_scale="as F.structure"),
     Claim("H.adaptive", "The input-adaptive metric is more stable during training than the static one", "App. H", "–",
           "appendix_fgh", "metric_drift", "lower", "relative",
           (Comparison("adaptive vs static", Arm("adaptive", {"model": "adaptive"}, "last", "step"),
                       Arm("static", {"model": "static"}, "last", "step")),),
-          "Appendix H", {"smoke": "stand-in: digits patch task, relative change of M over the last snapshot interval "
+          "Appendices F–H", {"smoke": "stand-in: digits patch task, relative change of M over the last snapshot "
+                                      "interval "
                                   "(the 'more structured' half is not compared: the static M0 starts at the identity, "
                                   "maximal block structure)", "paper": "CIFAR-10"}, where={"layer_index": 0},
           paper_scale="as F.structure"),
@@ -189,30 +189,30 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("I.lambda", "DAMCHA's regression gain over MHA grows with λ", "Fig. 12, App. I, p. 24",
           "−1.7 % at λ = 0.2 → +4.8 % at λ = 1", "synthetic", "test_mse", "lower", "relative",
           (Comparison("slope of the gain over λ", DAMCHA, MHA),), "Figure 12", SYNTH, ("smoke", "decide", "paper"),
-          rule="slope", over="lam", where={"task": "regression"}, unit=REG_UNIT, paper_scale=SYNTH_SCALE),
+          rule="slope", over="lam", where={"task": "regression"}, paper_scale=SYNTH_SCALE),
     Claim("I.lambda02", "At λ = 0.2 DAMCHA's test MSE is 1.7 % above MHA's", "Fig. 12", "−1.7 %", "synthetic",
           "test_mse", "lower", "relative", (Comparison("λ = 0.2", DAMCHA, MHA, {"lam": 0.2}, -1, -1.7),),
           "Figure 12", SYNTH, ("smoke", "decide", "paper"), where={"task": "regression"}, controls=EXPLAINING,
-          unit=REG_UNIT, paper_scale=SYNTH_SCALE),
+          paper_scale=SYNTH_SCALE),
     Claim("I.lambda1", "At λ = 1 DAMCHA's test MSE is 4.8 % below MHA's", "Fig. 12", "+4.8 %", "synthetic",
           "test_mse", "lower", "relative", (Comparison("λ = 1", DAMCHA, MHA, {"lam": 1.0}, 1, 4.8),), "Figure 12",
           SYNTH, ("smoke", "decide", "paper"), where={"task": "regression"}, controls=EXPLAINING,
-          unit=REG_UNIT, paper_scale=SYNTH_SCALE),
+          paper_scale=SYNTH_SCALE),
     Claim("I.lambda0", "DAMCHA stays competitive with MHA without cross-subspace interaction (λ = 0)",
           "§5.6, App. I", "–", "synthetic", "test_mse", "lower", "relative",
           (Comparison("λ = 0", DAMCHA, MHA, {"lam": 0.0}),), "Figure 12 (non-inferiority)", SYNTH,
           ("smoke", "decide", "paper"), rule="noninferior", margin=2.0, where={"task": "regression"},
-          unit=REG_UNIT, paper_scale=SYNTH_SCALE),
+          paper_scale=SYNTH_SCALE),
     Claim("I.de_lead", "DAMCHA leads MHA in classification accuracy at every dₑ ∈ {4, 8, 12, 16, 20}",
           "Fig. 13, p. 24", "–", "synthetic", "test_acc", "higher", "points",
           tuple(Comparison(f"dₑ = {d}", DAMCHA, MHA, {"d_e": d}) for d in (4, 8, 12, 16, 20)), "Figure 13", SYNTH,
-          where={"task": "classification"}, controls=EXPLAINING, unit=CLS_UNIT, paper_scale=SYNTH_SCALE),
+          where={"task": "classification"}, controls=EXPLAINING, paper_scale=SYNTH_SCALE),
     Claim("I.de_slope", "Both degrade as dₑ grows, DAMCHA more slowly (slope of the accuracy gain over dₑ > 0)",
           "Fig. 13", "–", "synthetic", "test_acc", "higher", "points",
           (Comparison("slope of the gain over dₑ", DAMCHA, MHA),
            Comparison("MHA's accuracy slope", MHA, None, {}, -1), Comparison("DAMCHA's accuracy slope", DAMCHA, None,
                                                                               {}, -1)),
-          "Figure 13", SYNTH, rule="slope", over="d_e", where={"task": "classification"}, unit=CLS_UNIT,
+          "Figure 13", SYNTH, rule="slope", over="d_e", where={"task": "classification"},
           paper_scale=SYNTH_SCALE),
     Claim("I.not_params", "The synthetic gains reflect cross-head dependencies, not more parameters or computation",
           "§5.6, p. 9", "–", "synthetic", "test_mse", "lower", "relative",
@@ -222,7 +222,7 @@ CLAIMS: tuple[Claim, ...] = (
                       {"lam": 1.0}),
            Comparison("budget-matched DAMCHA vs MHA, λ = 1", Arm("damcha_bm", {"variant": "damcha_bm"}), MHA,
                       {"lam": 1.0})),
-          "Figure 12 (controls)", SYNTH, where={"task": "regression"}, unit=REG_UNIT, paper_scale=SYNTH_SCALE),
+          "Figure 12", SYNTH, where={"task": "regression"}, paper_scale=SYNTH_SCALE),
 )
 
 

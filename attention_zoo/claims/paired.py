@@ -14,7 +14,8 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
                 "flavor"), pair_on: tuple[str, ...] = ("seed",), relative: bool = True) -> pd.DataFrame:
     """Long frame: one row per arm (not the reference) × combination of ``columns`` (e.g. dataset, metric) with the
     mean seed-paired difference arm − reference (in % of |reference| when ``relative``), its 95 % interval
-    (Student-t for n ≥ 5, bootstrap below: ``stats.paired_test``) and n. ``df``: rows with ``value`` (ok ones)."""
+    (Student-t for n ≥ 5; below, the range of the seeds: ``stats.paired_test``) and n. ``df``: rows with ``value``
+    (ok ones)."""
     if df.empty:
         return pd.DataFrame()
     ok = df[df["status"].fillna("ok") == "ok"] if "status" in df else df
@@ -52,6 +53,7 @@ def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = 
         keys = [str(r[c]) for c in columns]
         arrow = {"lower": " ↓", "higher": " ↑"}.get((better or {}).get(keys[-1], ""), "")
         ci = "" if not math.isfinite(r["low"]) else f" [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}]"
+        ci = f" (range of the seeds{ci})" if r.get("method") == "range" and ci else ci
         out.setdefault(r["arm"], {})[": ".join(keys) + arrow] = f"{r['mean']:+.{digits}f}{ci} (n={int(r['n'])})"
     return pd.DataFrame([{"arm": a, **v} for a, v in out.items()]).fillna("–")
 

@@ -4,9 +4,11 @@ Every function takes plain numbers (one value per seed, or counts) and returns p
 about experiments. Conventions (docs/claims.md):
 
 - ``paired_test``: the per-seed differences d = treatment − reference of one comparison. With n ≥ 5: Student-t
-  interval and two-sided one-sample t-test. With 2 ≤ n < 5 (a t-interval from 2–4 seeds rests wholly on the normal
-  assumption): a percentile bootstrap interval and the exact sign-flip permutation p-value, which cannot fall
-  below 2/2ⁿ (0.25 at n = 3) — so such runs never decide a claim, and the report says so.
+  interval and two-sided one-sample t-test. With 2 ≤ n < 5 no interval is claimed: a t-interval from 2–4 seeds
+  rests wholly on the normal assumption and a bootstrap one returns the seeds' own [min, max] while looking like a
+  confidence interval; the "interval" is the range of the n seeds (``method`` "range"), and the p-value the exact
+  sign-flip permutation test's, which cannot fall below 2/2ⁿ (0.25 at n = 3) — so such runs never decide a claim,
+  and the report says "not decidable at n = …".
 - ``wilson_interval``: a proportion's interval, always inside [0, 1].
 - ``holm``: Holm–Bonferroni adjusted p-values within one family (one table, one sweep) and the per-comparison
   level α/(m − rank + 1) at which each interval is drawn.
@@ -24,8 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-BOOTSTRAP_BELOW = 5  # n below this: bootstrap interval + exact sign-flip p-value
-N_BOOTSTRAP = 10_000
+DECIDABLE_N = 5  # n below this: the range of the seeds and the exact sign-flip p-value; never decides
 
 
 def _finite(values) -> np.ndarray:
@@ -44,7 +45,11 @@ class PairedResult:
     n: int
     sd: float
     confidence: float
-    method: str  # "t", "bootstrap+sign-flip" or "none" (n < 2)
+    method: str  # "t", "range" (2 ≤ n < 5: low/high are the seeds' min/max; sign-flip p) or "none" (n < 2)
+
+    @property
+    def decidable(self) -> bool:
+        return self.method == "t"
 
 
 def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
@@ -59,19 +64,12 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def bootstrap_interval(values, confidence: float = 0.95, n_resamples: int = N_BOOTSTRAP, seed: int = 0
-                       ) -> tuple[float, float, float]:
-    """(mean, low, high): percentile bootstrap of the mean (resampling seeds with replacement, fixed RNG seed)."""
-    v = _finite(values)
-    if v.size == 0:
-        return math.nan, math.nan, math.nan
-    if v.size < 2:
-        return float(v.mean()), math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, v.size, size=(n_resamples, v.size))].mean(axis=1)
-    alpha = 1 - confidence
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(v.mean()), float(lo), float(hi)
+def seed_interval(values, confidence: float = 0.95) -> tuple[float, float, float, str]:
+    """(mean, low, high, label) as every table prints a per-seed quantity: the t-interval from 5 seeds (label
+    "95 % t"), the range of the seeds below (label "range of n seeds"); the verdicts use the same rule."""
+    t = paired_test(values, confidence)
+    label = f"range of {t.n} seeds" if t.method == "range" else f"{100 * confidence:g} % t"
+    return t.mean, t.low, t.high, label
 
 
 def sign_flip_p(values) -> float:
@@ -94,9 +92,9 @@ def paired_test(differences, confidence: float = 0.95) -> PairedResult:
         return PairedResult(math.nan, math.nan, math.nan, math.nan, 0, math.nan, confidence, "none")
     if n < 2:
         return PairedResult(float(d.mean()), math.nan, math.nan, math.nan, 1, math.nan, confidence, "none")
-    if n < BOOTSTRAP_BELOW:
-        mean, lo, hi = bootstrap_interval(d, confidence)
-        return PairedResult(mean, lo, hi, sign_flip_p(d), n, sd, confidence, "bootstrap+sign-flip")
+    if n < DECIDABLE_N:
+        return PairedResult(float(d.mean()), float(d.min()), float(d.max()), sign_flip_p(d), n, sd, confidence,
+                            "range")
     mean, lo, hi = t_interval(d, confidence)
     if sd == 0:
         p = 0.0 if mean != 0 else 1.0
@@ -148,7 +146,7 @@ def mde(n: int, sd: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """Minimum detectable |mean difference| of a two-sided paired t-test with n pairs and paired SD ``sd``.
 
     Solves P(|T| > t_{1−α/2, n−1}) = power for T ~ noncentral t(n − 1, δ√n/sd). NaN for n < 2 or sd NaN; 0 for
-    sd = 0. (For n < 5 the sign-flip test decides instead; the t-based MDE is still the natural scale to quote.)
+    sd = 0. Only meaningful where the t-test is the test run (n ≥ ``DECIDABLE_N``); the verdicts quote no MDE below.
     """
     if n < 2 or not math.isfinite(sd):
         return math.nan
@@ -215,6 +213,5 @@ def slope(x, y) -> float:
     return float(np.polyfit(x[ok], y[ok], 1)[0])
 
 
-__all__ = ["BOOTSTRAP_BELOW", "PairedResult", "bootstrap_interval", "holm", "mde",
-           "normalised_accuracy", "paired_test", "r_squared", "sign_flip_p", "slope", "t_interval", "tost",
-           "wilson_interval"]
+__all__ = ["DECIDABLE_N", "PairedResult", "holm", "mde", "normalised_accuracy", "paired_test", "r_squared",
+           "seed_interval", "sign_flip_p", "slope", "t_interval", "tost", "wilson_interval"]

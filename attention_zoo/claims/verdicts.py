@@ -1,52 +1,70 @@
-"""Verdicts, computed from stored rows: supported, contradicted, inconclusive (MDE …), not run, explained by a control.
+"""Verdicts, computed from stored rows (rules in docs/claims.md).
 
-For each claim at each preset with rows (docs/claims.md):
-1. every comparison gives per-unit (seed) effects, oriented so that positive means "treatment better"
-   (``relative``: % of the reference, ``difference``: metric units, ``points``: 100 × fraction), and a seed-paired
-   test (``stats.paired_test``);
-2. within a family (one table or sweep, one preset) the p-values are Holm-adjusted; each interval is drawn at its
-   comparison's Holm level, and the MDE is taken at that level;
-3. with e = direction × effect (positive: as the paper says): **supported** when the adjusted p < α and e's interval
-   lies above 0; **contradicted** when it lies below 0, or — where the rows are the paper's own task and the paper
-   quotes an effect — when the whole interval lies below the paper's effect; **inconclusive** otherwise, with the
-   MDE; **not run** without rows;
-4. a claim's comparisons combine: contradicted if any is, supported if all are, else inconclusive;
-5. **explained by a control**: a supported DAMCHA-vs-reference claim whose effect a control arm (``controls``) matches
-   — the treatment-vs-control difference is not distinguishable from 0 at the family's level.
+For each claim at each preset with rows:
+1. the learned-at-all gate marks cells that do not beat their task's trivial predictor (``gate``);
+2. every comparison gives per-seed effects (``effects``: positive = treatment better, in the comparison's unit) and
+   a seed-paired test (``stats.paired_test``: t for n ≥ 5; below, the range of the seeds and the exact sign-flip
+   test, which cannot decide);
+3. within a family — one table or figure of one run (store × preset) — the p-values of the *distinct* comparisons
+   are Holm-adjusted (two claims that read the same rows count once); each interval is drawn at its comparison's
+   Holm level, and the MDE is taken at that level;
+4. with e = direction × effect (positive: as the paper says), a comparison is **supported** when its adjusted
+   p < α and e's interval lies above 0; **contradicted** when it lies below 0, or — where the rows are the paper's
+   own task and the paper quotes an effect — when the whole interval lies short of the paper's effect;
+   **explained by a control** when supported but matched by a control (``controls``); **not decidable** when a
+   seed of either arm did not learn, or with fewer than 5 seeds; **inconclusive (MDE …)** otherwise;
+5. a claim's comparisons combine: contradicted if any is; else not decidable if any is; else inconclusive if any
+   is; else explained by a control if any is; else supported.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from . import stats
 from .analytic import ANALYTIC
-from .data import StoreRows, matches, metric_rows
+from .controls import ControlResult, check_controls, control_text, interval_text
+from .data import StoreRows, matches, metric_rows, run_facts
+from .effects import arms_rows, budget_curve, cell_costs, comparison_effects, unit_of
+from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
-from .spec import Arm, Claim, Comparison, resolve
+from .spec import Claim, Comparison, resolve
 
 ALPHA = 0.05
+KINDS = ("supported", "contradicted", "explained by a control", "inconclusive", "not decidable", "not run")
 
 
 @dataclass
 class Result:
     """One comparison's numbers (effects oriented: positive = treatment better)."""
 
-    name: str
+    comp: Comparison
     effects: np.ndarray
     test: stats.PairedResult
-    direction: int = 1
-    paper_effect: float | None = None
+    unit: str
+    key: tuple = ()  # what identifies its rows: equal keys are the same comparison
     level: float = ALPHA  # Holm level of this comparison
     p_adj: float = math.nan
     interval: tuple[float, float] = (math.nan, math.nan)
     mde: float = math.nan
     verdict: str = "not run"
-    cost_s: float = 0.0
+    why: str = ""  # the direction of a contradiction, the reason a comparison is not decidable
+    gate: str = ""  # non-empty: an arm did not learn
+    controls: list[ControlResult] = field(default_factory=list)
+    budget: list[tuple[float, float, int]] = field(default_factory=list)
+    costs: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.comp.name
+
+    @property
+    def direction(self) -> int:
+        return self.comp.direction
 
 
 @dataclass
@@ -64,102 +82,56 @@ class Verdict:
     runs: list[str] = field(default_factory=list)
     commits: list[str] = field(default_factory=list)
     n_needed: str = ""
+    scope: str = ""
+    same_as: str = ""  # the claim whose rows (and so whose comparisons) these are
+    budget: str = ""
+    cost_unit: str = "CPU"
+
+    @property
+    def kind(self) -> str:
+        return next((k for k in KINDS if self.verdict.startswith(k)), self.verdict)
 
 
 # ---- one comparison --------------------------------------------------------------------------------------------
-def arm_values(df: pd.DataFrame, arm: Arm, pair_on: tuple[str, ...], better: str) -> pd.Series:
-    """One value per pairing unit (mean of duplicates; ``reduce`` over ``arm.over`` first)."""
-    part = df[matches(df, arm.where)]
-    if part.empty:
-        return pd.Series(dtype=float)
-    if arm.reduce is None:
-        return part.groupby(list(pair_on))["value"].mean()
-    per = part.groupby([*pair_on, arm.over])["value"].mean().reset_index()
-    if arm.reduce in ("first", "last"):
-        pick = per.groupby(list(pair_on))[arm.over].transform("max" if arm.reduce == "last" else "min")
-        return per[per[arm.over] == pick].groupby(list(pair_on))["value"].mean()
-    best = (better == "lower") == (arm.reduce == "best")
-    return per.groupby(list(pair_on))["value"].min() if best else per.groupby(list(pair_on))["value"].max()
-
-
-def oriented_effect(treat: pd.Series, ref: pd.Series, claim: Claim) -> pd.Series:
-    """Per-unit effect, positive = treatment better, in the claim's unit."""
-    sign = 1.0 if claim.better == "higher" else -1.0
-    diff = sign * (treat - ref)
-    if claim.effect == "relative":
-        return 100.0 * diff / ref.abs()
-    if claim.effect == "points":
-        return 100.0 * diff
-    return diff
-
-
-def comparison_effects(df: pd.DataFrame, claim: Claim, comp: Comparison) -> np.ndarray:
-    rows = df[matches(df, comp.where)]
-    if claim.rule == "slope":
-        return slope_effects(rows, claim, comp)
-    t = arm_values(rows, comp.treatment, claim.pair_on, claim.better)
-    r = arm_values(rows, comp.reference, claim.pair_on, claim.better)
-    if t.empty or r.empty:
-        return np.array([])
-    both = t.index.intersection(r.index)
-    return oriented_effect(t[both], r[both], claim).to_numpy(float)
-
-
-def slope_effects(rows: pd.DataFrame, claim: Claim, comp: Comparison) -> np.ndarray:
-    """Per seed: the least-squares slope over ``claim.over`` of the effect (or of the treatment's metric)."""
-    keys = [*claim.pair_on, claim.over]
-    t = arm_values(rows, comp.treatment, tuple(keys), claim.better)
-    if t.empty:
-        return np.array([])
-    if comp.reference is None:
-        series = t * (100.0 if claim.effect == "points" else 1.0)
-    else:
-        r = arm_values(rows, comp.reference, tuple(keys), claim.better)
-        if r.empty:
-            return np.array([])
-        both = t.index.intersection(r.index)
-        series = oriented_effect(t[both], r[both], claim)
-    if series.empty:
-        return np.array([])
-    frame = series.rename("e").reset_index()
-    out = [stats.slope(g[claim.over], g["e"]) for _, g in frame.groupby(list(claim.pair_on))
-           if g[claim.over].nunique() > 1]
-    return np.array([s for s in out if math.isfinite(s)])
-
-
-def cell_cost(df: pd.DataFrame) -> float:
-    """Training seconds of the cells behind ``df``'s rows: one ``train_cpu_s`` (else ``train_time_s``) per cell."""
-    for metric in ("train_cpu_s", "train_time_s"):
-        if "metric" in df and (df["metric"] == metric).any():
-            return float(df.loc[df["metric"] == metric, "value"].sum())
-    if "train_time_s" in df:
-        keys = [c for c in ("variant", "flavor", "dataset", "setting", "seed", "row", "depth") if c in df]
-        return float(df.drop_duplicates(keys)["train_time_s"].fillna(0).sum()) if keys else 0.0
-    return 0.0
-
-
-# ---- verdict rules ---------------------------------------------------------------------------------------------
-def comparison_verdict(res: Result, claim: Claim, paper_task: bool) -> str:
-    if res.test.n == 0:
+def comparison_verdict(res: Result, paper_task: bool) -> str:
+    t = res.test
+    if res.gate:
+        res.why = f"stand-in not learned: {res.gate}"
+        return "not decidable"
+    if t.n == 0:
         return "not run"
+    if not t.decidable:
+        res.why = f"at n = {t.n}" if t.n > 1 else "with one seed"
+        return "not decidable"
     lo, hi = res.interval
     e_lo, e_hi = sorted((res.direction * lo, res.direction * hi))
     decided = math.isfinite(res.p_adj) and res.p_adj < ALPHA
-    quoted = res.paper_effect is not None and paper_task
     if decided and e_hi < 0:
+        res.why = contradiction_words(res)
         return "contradicted"
-    if quoted and res.test.n >= stats.BOOTSTRAP_BELOW and math.isfinite(e_hi) \
-            and e_hi < res.direction * res.paper_effect:
-        return "contradicted"  # the whole interval lies short of the paper's effect
+    quoted = res.comp.paper_effect is not None and paper_task
+    if quoted and math.isfinite(e_hi) and e_hi < res.direction * res.comp.paper_effect:
+        res.why = f"the whole interval lies short of the paper's {res.comp.paper_effect:+g} {res.unit}"
+        return "contradicted"
     if decided and e_lo > 0:
         return "supported"
     return "inconclusive"
 
 
+def contradiction_words(res: Result) -> str:
+    treat = res.comp.treatment.label
+    if res.comp.reference is None or "per unit" in res.unit:
+        return "the slope has the opposite sign"
+    ref = res.comp.reference.label
+    if res.direction > 0:
+        return f"{treat} worse than {ref}"
+    return f"{treat} better than the paper states (not worse than {ref})"
+
+
 def noninferior_verdict(res: Result, margin: float) -> str:
     """One-sided: supported when e's lower bound (at the comparison's level) exceeds −margin with p < α."""
-    if res.test.n == 0:
-        return "not run"
+    if res.gate or not res.test.decidable:
+        return comparison_verdict(res, False)
     e = res.direction * res.effects
     one = stats.paired_test(e + margin, 1 - 2 * res.level)
     p_one = one.p / 2 if one.mean > 0 else 1 - one.p / 2
@@ -169,160 +141,196 @@ def noninferior_verdict(res: Result, margin: float) -> str:
         return "supported"
     worse = stats.paired_test(-(e + margin), 1 - 2 * res.level)
     p_worse = worse.p / 2 if worse.mean > 0 else 1 - worse.p / 2
-    return "contradicted" if math.isfinite(p_worse) and p_worse < res.level else "inconclusive"
-
-
-def combine(verdicts: list[str]) -> str:
-    if not verdicts or all(v == "not run" for v in verdicts):
-        return "not run"
-    if "contradicted" in verdicts:
+    if math.isfinite(p_worse) and p_worse < res.level:
+        res.why = f"{res.comp.treatment.label} worse than {res.comp.reference.label} by more than the margin"
         return "contradicted"
-    if all(v == "supported" for v in verdicts):
-        return "supported"
     return "inconclusive"
 
 
-def _fmt(v: float, digits: int = 2) -> str:
-    return "–" if not math.isfinite(v) else f"{v:+.{digits}f}"
+def combine(results: list[Result]) -> str:
+    """The claim's verdict from its comparisons' (the first reason of the deciding kind is kept)."""
+    verdicts = [r.verdict for r in results]
+    if not verdicts or all(v == "not run" for v in verdicts):
+        return "not run"
+    for kind in ("contradicted", "not decidable"):
+        hit = [r for r in results if r.verdict == kind]
+        if hit:
+            why = hit[0].why
+            return f"{kind} {why}" if why.startswith(("at ", "with ")) else f"{kind}: {why}" if why else kind
+    if "inconclusive" in verdicts or "not run" in verdicts:
+        return "inconclusive"
+    return "explained by a control" if "explained by a control" in verdicts else "supported"
 
 
-def describe(res: Result, unit: str) -> str:
-    lo, hi = res.interval
-    if res.test.n == 0:
+def describe(res: Result) -> str:
+    """"name: mean [interval at the comparison's Holm level] unit (n)"; below 5 seeds the range of the seeds."""
+    t = res.test
+    if res.gate:
+        return f"{res.name}: no effect reported (stand-in not learned)"
+    if t.n == 0:
         return f"{res.name}: no rows"
-    ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else ""
-    return f"{res.name}: {_fmt(res.test.mean)}{ci} {unit} (n={res.test.n})"
+    shown = replace(t, low=res.interval[0], high=res.interval[1]) if t.method == "t" else t
+    return f"{res.name}: {interval_text(shown)} {res.unit} (n = {t.n})"
 
 
 def seeds_needed(res: Result, paper_task: bool) -> str:
     """Seeds for the MDE at this SD to reach the paper's effect (paper task) or the observed one."""
-    target = abs(res.paper_effect) if (res.paper_effect is not None and paper_task) else abs(res.test.mean)
+    quoted = res.comp.paper_effect is not None and paper_task
+    target = abs(res.comp.paper_effect) if quoted else abs(res.test.mean)
     if not (math.isfinite(res.test.sd) and res.test.sd > 0 and math.isfinite(target) and target > 0):
         return ""
+    what = "the paper's effect" if quoted else "the observed effect"
     for n in (5, 10, 20, 40, 80, 160, 320, 640):
         if stats.mde(n, res.test.sd, res.level) <= target:
-            what = "the paper's effect" if res.paper_effect is not None and paper_task else "the observed effect"
-            return f"≈ {n} seeds at this SD detect {what} ({target:.2g})"
-    return f"> 640 seeds at this SD for an effect of {target:.2g}"
+            return f"≈ {n} seeds at this SD detect {what} ({target:.2g} {res.unit})"
+    return f"> 640 seeds at this SD for an effect of {target:.2g} {res.unit}"
 
 
 # ---- one claim -------------------------------------------------------------------------------------------------
-def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
-    metric = resolve(claim.metric, preset)
+def _claim_frame(claim: Claim, preset: str, rows: StoreRows) -> tuple[pd.DataFrame, dict]:
     where = {k: resolve(v, preset) for k, v in claim.where.items()}
-    df = metric_rows(rows.frame, metric)
-    df = df[matches(df, where)] if where else df
+    frame = rows.frame[matches(rows.frame, where)] if where else rows.frame
+    return frame, where
+
+
+def row_key(claim: Claim, preset: str, comp: Comparison, where: dict) -> tuple:
+    """Everything that determines a comparison's per-seed effects; equal keys read the same rows the same way."""
+    arms = [(sorted(a.where.items()), a.reduce, a.over) if a else None for a in (comp.treatment, comp.reference)]
+    return (claim.store_name, preset, repr((resolve(claim.metric, preset), sorted(where.items()),
+                                            sorted(comp.where.items()), arms, claim.rule, claim.effect, claim.better,
+                                            claim.over, claim.pair_on, comp.direction)))
+
+
+def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
+    frame, where = _claim_frame(claim, preset, rows)
+    metric = resolve(claim.metric, preset)
+    df = metric_rows(frame, metric)
     out = []
     for comp in claim.comparisons:
         eff = comparison_effects(df, claim, comp)
-        used = rows.frame[matches(rows.frame, {**where, **comp.where})]
-        out.append(Result(comp.name, eff, stats.paired_test(eff), comp.direction, comp.paper_effect,
-                          cost_s=cell_cost(used)))
+        arms = arms_rows(frame, comp, (comp.treatment, comp.reference))
+        res = Result(comp, eff, stats.paired_test(eff), unit_of(claim, comp, preset),
+                     row_key(claim, preset, comp, where), costs=cell_costs(arms))
+        failed = []
+        for arm in (comp.treatment, comp.reference):
+            if arm is not None:
+                units, bad, reason = arm_failures(arms_rows(frame, comp, (arm,)), claim.pair_on)
+                if bad:
+                    failed.append(f"{arm.label} ({bad} of {units} seeds: {reason})")
+        res.gate = "; ".join(failed)
+        res.budget = budget_curve(frame, claim, comp, metric)
+        out.append(res)
     return out
-
-
-def control_check(claim: Claim, preset: str, rows: StoreRows, res: Result, level: float) -> tuple[str, bool]:
-    """(text, explained): the strongest control's effect vs the reference, and the treatment minus it."""
-    metric = resolve(claim.metric, preset)
-    where = {k: resolve(v, preset) for k, v in claim.where.items()}
-    df = metric_rows(rows.frame, metric)
-    df = df[matches(df, where)] if where else df
-    comp = claim.comparisons[0]
-    best, text, explained = -math.inf, "–", False
-    for name in claim.controls:
-        ctrl = Arm(name, {"variant": name})
-        sub = df[matches(df, comp.where)]
-        c = arm_values(sub, ctrl, claim.pair_on, claim.better)
-        r = arm_values(sub, comp.reference, claim.pair_on, claim.better)
-        t = arm_values(sub, comp.treatment, claim.pair_on, claim.better)
-        if c.empty or r.empty or t.empty:
-            continue
-        idx = c.index.intersection(r.index).intersection(t.index)
-        if len(idx) < 2:
-            continue
-        c_eff = comp.direction * oriented_effect(c[idx], r[idx], claim)
-        gap = comp.direction * oriented_effect(t[idx], c[idx], claim)
-        ctest, gtest = stats.paired_test(c_eff, 1 - level), stats.paired_test(gap, 1 - level)
-        if ctest.mean > best:
-            best = ctest.mean
-            unit = claim.effect_unit(preset)
-            text = (f"{name}: {_fmt(ctest.mean)} [{_fmt(ctest.low)}, {_fmt(ctest.high)}] vs {comp.reference.label}; "
-                    f"treatment − {name}: {_fmt(gtest.mean)} [{_fmt(gtest.low)}, {_fmt(gtest.high)}] {unit}")
-        if not (math.isfinite(gtest.p) and gtest.p < level and gtest.mean > 0):
-            explained = True
-    return text, explained
 
 
 def decide(stores: dict[tuple[str, str], StoreRows], claims: tuple[Claim, ...] = CLAIMS) -> list[Verdict]:
     """Every claim at every preset that has rows (a claim without any: one "not run" row)."""
-    todo: list[tuple[Claim, str, StoreRows]] = []
+    gated = {key: _gated(rows) for key, rows in stores.items()}
     verdicts: list[Verdict] = []
+    partial: list[tuple[Claim, str, StoreRows, list[Result]]] = []
     for claim in claims:
         if not claim.needs_rows:
             verdicts.append(ANALYTIC[claim.analytic](claim, "any", StoreRows(pd.DataFrame(), None, "", [], []),
                                                      Verdict))
             continue
-        presets = sorted(p for (store, p) in stores if store == claim.store_name)
+        presets = sorted(p for (store, p) in gated if store == claim.store_name)
         if not presets:
             first = next(iter(claim.scope))
             verdicts.append(Verdict(claim, first if first != "*" else "smoke", "not run",
                                     note=f"no rows in any `{claim.store_name}.jsonl`"))
             continue
-        todo += [(claim, p, stores[(claim.store_name, p)]) for p in presets]
-    families: dict[tuple[str, str], list[Result]] = {}
-    partial: list[tuple[Claim, str, StoreRows, list[Result]]] = []
-    for claim, preset, rows in todo:
-        if claim.rule == "analytic":
-            verdicts.append(ANALYTIC[claim.analytic](claim, preset, rows, Verdict))
-            continue
-
-        results = claim_results(claim, preset, rows)
-        if claim.rule != "noninferior":
-            families.setdefault((claim.family, preset), []).extend(results)
-        partial.append((claim, preset, rows, results))
-    for fam in families.values():
-        p_adj, levels = stats.holm([r.test.p for r in fam], ALPHA)
-        for r, p, lvl in zip(fam, p_adj, levels):
-            r.p_adj, r.level = p, (lvl if math.isfinite(lvl) else ALPHA)
+        for preset in presets:
+            rows = gated[(claim.store_name, preset)]
+            if claim.rule == "analytic":
+                verdicts.append(ANALYTIC[claim.analytic](claim, preset, rows, Verdict))
+            else:
+                partial.append((claim, preset, rows, claim_results(claim, preset, rows)))
+    _holm(partial)
+    first_reader: dict[tuple, str] = {}
     for claim, preset, rows, results in partial:
-        verdicts.append(finish(claim, preset, rows, results))
+        keys = tuple(r.key for r in results)
+        same = first_reader.setdefault(keys, claim.id)
+        verdicts.append(finish(claim, preset, rows, results, same_as="" if same == claim.id else same))
     order = {c.id: i for i, c in enumerate(claims)}
     return sorted(verdicts, key=lambda v: (order.get(v.claim.id, 0), v.preset))
 
 
-def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result]) -> Verdict:
+def _gated(rows: StoreRows) -> StoreRows:
+    frame, checked = apply_gate(rows.frame, rows.path.parent if rows.path is not None else None)
+    return StoreRows(frame, rows.path, rows.context_id, rows.run_ids, rows.commits, checked)
+
+
+def _holm(partial) -> None:
+    """Holm within each family over its distinct comparisons; duplicates take their first reader's level."""
+    families: dict[tuple, dict[tuple, Result]] = {}
+    for claim, preset, _, results in partial:
+        if claim.rule == "noninferior":
+            continue
+        fam = families.setdefault((claim.store_name, preset, claim.family), {})
+        for r in results:
+            fam.setdefault(r.key, r)
+    canonical: dict[tuple, Result] = {}
+    for fam in families.values():
+        distinct = list(fam.values())
+        p_adj, levels = stats.holm([r.test.p if r.test.decidable else math.nan for r in distinct], ALPHA)
+        for r, p, lvl in zip(distinct, p_adj, levels):
+            r.p_adj, r.level = p, (lvl if math.isfinite(lvl) else ALPHA)
+            canonical[r.key] = r
+    for _, _, _, results in partial:
+        for r in results:
+            if r.key in canonical:
+                r.p_adj, r.level = canonical[r.key].p_adj, canonical[r.key].level
+
+
+def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], same_as: str = "") -> Verdict:
     paper_task = preset in claim.paper_task
-    unit = claim.effect_unit(preset)
+    frame, _ = _claim_frame(claim, preset, rows)
     for r in results:
+        t = stats.paired_test(r.effects, 1 - r.level)
+        r.interval = (t.low, t.high)
         if claim.rule == "noninferior":
             r.verdict = noninferior_verdict(r, claim.margin)
         else:
-            t = stats.paired_test(r.effects, 1 - r.level)
-            r.interval = (t.low, t.high)
-            r.verdict = comparison_verdict(r, claim, paper_task)
-        r.mde = stats.mde(r.test.n, r.test.sd, r.level)
-    verdict = combine([r.verdict for r in results])
-    n = min((r.test.n for r in results if r.test.n), default=0)
-    v = Verdict(claim, preset, verdict, results, n=n, cost_s=sum(r.cost_s for r in results), context=rows.context_id,
-                runs=rows.run_ids, commits=rows.commits)
-    v.ours = describe(results[0], unit) if results else "–"
-    others = [describe(r, unit) + f" → {r.verdict}" for r in results[1:]]
-    if verdict == "inconclusive":
-        mdes = [r.mde for r in results if r.verdict == "inconclusive" and math.isfinite(r.mde)]
-        why = f"MDE {max(mdes):.2g} {unit}" if mdes else "n < 2"
-        if any(r.test.method == "bootstrap+sign-flip" for r in results):
-            why += f"; n < {stats.BOOTSTRAP_BELOW}: the exact sign-flip test cannot reach p < {ALPHA}"
-        v.verdict = f"inconclusive ({why})"
+            r.verdict = comparison_verdict(r, paper_task)
+        if r.test.decidable:
+            r.mde = stats.mde(r.test.n, r.test.sd, r.level)
+        if claim.controls and r.test.n:
+            r.controls = check_controls(metric_rows(frame[matches(frame, r.comp.where)],
+                                                    resolve(claim.metric, preset)), claim, r.comp, r.level)
+            if r.verdict == "supported" and r.direction > 0 and any(c.explains for c in r.controls):
+                r.verdict = "explained by a control"
+                r.why = "matched by " + ", ".join(c.name for c in r.controls if c.explains)
+    costs = {k: v for r in results for k, v in r.costs.items()}
+    v = Verdict(claim, preset, combine(results), results, n=min((r.test.n for r in results if r.test.n), default=0),
+                cost_s=sum(s for s, _ in costs.values()), context=rows.context_id, runs=rows.run_ids,
+                commits=rows.commits, same_as=same_as,
+                cost_unit="CPU" if all(u == "CPU" for _, u in costs.values()) else "wall")
+    v.ours = "; ".join(describe(r) + (f" → {r.verdict}" if len(results) > 1 else "") for r in results) or "–"
+    if v.kind == "inconclusive":
+        mdes = [(r.mde, r.unit) for r in results if r.verdict == "inconclusive" and math.isfinite(r.mde)]
+        if mdes:
+            mde, unit = max(mdes)
+            v.verdict = f"inconclusive (MDE {mde:.2g} {unit})"
+    notes = []
+    if any(r.test.n and not r.test.decidable for r in results):
+        n = min(r.test.n for r in results if r.test.n)
+        notes.append(f"the sign-flip test cannot reject at n = {n} (smallest p = {2 / 2 ** n:.2g}); no MDE is "
+                     f"quoted below {stats.DECIDABLE_N} seeds")
     if claim.rule == "noninferior":
-        others.append(f"non-inferiority margin {claim.margin:g} {unit}")
-    if claim.controls and results and results[0].test.n:
-        v.control, explained = control_check(claim, preset, rows, results[0], results[0].level)
-        if verdict == "supported" and explained:
-            v.verdict = "explained by a control"
-    v.note = "; ".join(others)
-    needed = [seeds_needed(r, paper_task) for r in results if r.verdict.startswith("inconclusive")]
-    v.n_needed = next((s for s in needed if s), "")
+        notes.append(f"non-inferiority margin {claim.margin:g} {results[0].unit if results else ''}")
+    if not rows.gate_checked:
+        notes.append("learned-at-all gate: no trivial-predictor reference in this store (not checked)")
+    v.note = "; ".join(notes)
+    v.control = " | ".join(s for r in results if (s := control_text(r.comp, r.controls, r.unit))) or "–"
+    v.budget = "; ".join(
+        f"{r.name}: " + ", ".join(f"{_frac(f)} {m:+.2f}" for f, m, _ in r.budget) for r in results if r.budget)
+    v.n_needed = next((s for r in results if r.verdict == "inconclusive" and (s := seeds_needed(r, paper_task))), "")
+    v.scope = run_facts(frame)
     return v
 
 
-__all__ = ["ALPHA", "Result", "Verdict", "decide"]
+def _frac(f: float) -> str:
+    return {0.125: "1/8", 0.25: "1/4", 0.5: "1/2", 1.0: "1"}.get(f, f"{f:g}")
+
+
+__all__ = ["ALPHA", "KINDS", "Result", "Verdict", "decide"]

@@ -257,7 +257,8 @@ def seeds_line(df: pd.DataFrame, ctx: Context, arms: str = "arm") -> str:
     tasks = ", ".join(f"{ds} ({'stand-in for ' + ANALOG_OF.get(ds) if ds in ANALOG_OF else 'the paper task'})"
                       for ds in sorted(set(df["dataset"])))
     return (f"Preset `{ctx.preset_name}`; n = {'–'.join(map(str, ns))} seed{'s' if ns != [1] else ''} per {arms} in "
-            f"every table below (means over seeds; intervals are 95 % Student-t for n ≥ 5, bootstrap below); "
+            f"every table below (means over seeds; intervals are 95 % Student-t for n ≥ 5, the range of the seeds "
+            f"below); "
             f"datasets: {tasks}.")
 
 

@@ -88,7 +88,8 @@ def config_tag(preset_name: str, p: Preset) -> str:
     """Identifies the training configuration; the report only mixes cells of one configuration."""
     f = p.fit
     return (f"{preset_name}/L{p.n_layers}/T{p.seq_len}/n{p.n_train}/steps{f.max_steps}/bs{f.batch_size}/lr{f.lr:g}"
-            + (f"/es{f.eval_every}x{f.patience}" if f.patience else ""))
+            # patience in steps since the best score (cells stopped by the earlier count of evaluations differ)
+            + (f"/es{f.eval_every}p{f.patience * f.eval_every}" if f.patience else ""))
 
 
 def task_of(cell: dict, p: Preset) -> Task:

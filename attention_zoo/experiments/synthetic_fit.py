@@ -5,10 +5,12 @@ the arm's modules allow it and a step is small enough for grouping to pay (``ens
 other; every path runs this same loop, so a seed's data, its initialisation (``set_seed(seed)`` before building its
 model), its batch order (a stream of its own) and every update are those it gets alone. Per seed: AdamW (fused on
 CPU), linear warm-up then cosine decay to ``min_lr_ratio``·lr, global-norm clipping at 1, early stopping on the
-validation split (its own split, disjoint from test) with ``patience`` evaluations; the reported test metrics are
-those of the best validation checkpoint, and the test metric of the best checkpoint so far is also recorded at
-``budget_fracs`` of ``max_steps`` (the same run seen at smaller budgets). The test split is scored only there and at
-the end, on the best checkpoints. No host synchronisation per step: losses stay on the device until an evaluation.
+validation split (its own split, disjoint from test) once ``patience × eval_every`` steps have passed since a
+seed's best validation score (evaluations added at the budget fractions do not shorten it); the reported test
+metrics are those of the best validation checkpoint, and the test metric of the best checkpoint so far is also
+recorded at ``budget_fracs`` of ``max_steps`` (the same run seen at smaller budgets). The test split is scored only
+there and at the end, on the best checkpoints. No host synchronisation per step: losses stay on the device until
+an evaluation.
 
 A group checkpoints its whole state every ``ckpt_every`` steps (``engine.checkpoint``: verified, atomic), so an
 interrupted group resumes mid-run with the same results.
@@ -48,7 +50,7 @@ class Fit:
     warmup: int = 0
     min_lr_ratio: float = 0.1
     eval_every: int = 0  # 0: evaluate once, at the end (no early stopping)
-    patience: int = 0  # evaluations without a new best before a seed stops (0: never)
+    patience: int = 0  # a seed stops patience × eval_every steps after its best validation score (0: never)
     budget_fracs: tuple[float, ...] = (1.0,)
     ckpt_every: int = 0  # steps between group checkpoints (0: none)
 
@@ -219,7 +221,7 @@ class Group:
         fit, S = self.fit, len(idx)
         data = {k: v[idx] for k, v in self.data.items()}
         step_fn, opt, sched = self.stepper(net, idx)
-        st = {"step": 0, "best_val": [math.inf] * S, "best_step": [0] * S, "bad": [0] * S, "stopped": [False] * S,
+        st = {"step": 0, "best_val": [math.inf] * S, "best_step": [0] * S, "stopped": [False] * S,
               "stop_step": [None] * S,
               "best_test": [None] * S, "budget": [{} for _ in range(S)], "curve": [[] for _ in range(S)],
               "train_loss": [[] for _ in range(S)], "cpu_s": 0.0, "wall_s": 0.0, "best_state": None}
@@ -299,7 +301,7 @@ class Group:
         train_mean = pending.mean(0).tolist()  # the losses since the last evaluation: one sync per evaluation
         improved = [s for s in range(len(v_loss)) if not st["stopped"][s] and v_loss[s] < st["best_val"][s]]
         for s in improved:
-            st["best_val"][s], st["best_step"][s], st["bad"][s] = v_loss[s], step, 0
+            st["best_val"][s], st["best_step"][s] = v_loss[s], step
             if len(v_loss) > 1:  # this seed's slice of every grouped parameter
                 for k, p in net.named_parameters():
                     best_state[k][s] = p[s]
@@ -312,10 +314,9 @@ class Group:
         for s in range(len(v_loss)):
             if st["stopped"][s]:
                 continue
-            if s not in improved:
-                st["bad"][s] += 1
-                if self.fit.patience and st["bad"][s] >= self.fit.patience:
-                    st["stopped"][s], st["stop_step"][s] = True, step
+            # patience in steps since the best score, not in evaluations: the budget fractions add evaluations
+            if self.fit.patience and step - st["best_step"][s] >= self.fit.patience * self.fit.eval_every:
+                st["stopped"][s], st["stop_step"][s] = True, step
             st["curve"][s].append((step, v_loss[s]))
             st["train_loss"][s].append((step, train_mean[s]))
             if budget is not None:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import plots, report
 from ..claims import frame_verdicts, verdict_lines, verdict_markdown
-from ..claims.stats import t_interval
+from ..claims.stats import seed_interval, t_interval
 from ..io import atomic_write_csv
 from ..results import ResultStore
 
@@ -75,11 +75,15 @@ def _metric(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _ci_text(g: pd.Series, fmt: str) -> str:
-    mean, lo, hi = t_interval(g)
+    """mean [95 % t-interval] from 5 seeds, mean (range of the seeds) below: the verdicts' rule."""
+    mean, lo, hi, label = seed_interval(g)
     if math.isnan(mean):
         return "–"
-    ci = f" [{lo:{fmt}}, {hi:{fmt}}]" if math.isfinite(lo) else ""
-    return f"{mean:{fmt}}{ci} (n={g.notna().sum()})"
+    if not math.isfinite(lo):
+        return f"{mean:{fmt}} (n={g.notna().sum()})"
+    if label.startswith("range"):
+        return f"{mean:{fmt}} ({label} [{lo:{fmt}}, {hi:{fmt}}])"
+    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}] (n={g.notna().sum()})"
 
 
 def ci_wide(df: pd.DataFrame, value: str, col_name: str, fmt: str) -> pd.DataFrame:
@@ -268,10 +272,10 @@ def paper_comparison(gains: pd.DataFrame) -> pd.DataFrame:
     entries = []
     for lam, paper in PAPER_GAIN.items():
         sel = mine[(mine["task"] == "regression") & np.isclose(mine["setting"].astype(float), lam)]
-        mean, lo, hi = t_interval(sel["gain"]) if not sel.empty else (math.nan,) * 3
+        mean, lo, hi, label = seed_interval(sel["gain"]) if not sel.empty else (math.nan,) * 3 + ("",)
         entries.append({"what": f"Fig. 12: {PAPER_METHOD} vs {REFERENCE}/paper MSE gain at λ={lam:g} (%)",
                         "paper": paper, "ours": mean,
-                        "note": f"95% CI [{lo:.2f}, {hi:.2f}], {len(sel)} seeds" if len(sel) else "not run"})
+                        "note": f"{label} [{lo:.2f}, {hi:.2f}], {len(sel)} seeds" if len(sel) else "not run"})
     return report.comparison_frame(entries)
 
 
