@@ -175,3 +175,19 @@ def test_families_follow_the_run_and_table():
 def test_holm_and_interval_use_the_t_method_only_from_five_seeds():
     assert stats.paired_test([1.0, 2.0, 3.0, 4.0]).method == "range"
     assert math.isnan(stats.holm([math.nan])[0][0])
+
+
+def test_the_trivial_references_that_tables_5_and_6_store():
+    import torch
+
+    from attention_zoo.data.text import CharCorpus
+    from attention_zoo.experiments.table6_data import majority_top1
+    corpus = CharCorpus("x", b"ab", [np.array([0, 0, 0, 1])], {}, {"x": np.array([0, 1])})
+    assert corpus.unigram_loss("test", "x") == pytest.approx(-(math.log(4 / 6) + math.log(2 / 6)) / 2)
+    assert majority_top1(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1, 1])) == 25.0
+    gated, checked = apply_gate(pd.DataFrame([
+        {"variant": "mha", "seed": 0, "metric": "top1", "value": 11.0, "status": "ok"},
+        {"variant": "mha", "seed": 0, "metric": "chance_top1", "value": 10.0, "status": "ok"},
+        {"variant": "damcha", "seed": 0, "metric": "top1", "value": 60.0, "status": "ok"},
+        {"variant": "damcha", "seed": 0, "metric": "chance_top1", "value": 10.0, "status": "ok"}]))
+    assert checked and gated.groupby("variant")["status"].first().to_dict() == {"damcha": "ok", "mha": NOT_LEARNED}

@@ -203,6 +203,8 @@ def test_table5_cli_smoke_skip_and_nan_exit(tmp_path, capsys, keep_threads):
     df = pd.read_csv(tmp_path / "table5_gpt2_long.csv")
     test_bpc = df[(df.metric == "test_bpc")].value.item()
     assert 0 < test_bpc < 7 and df[df.metric == "tokens_seen"].value.item() == 3 * 16 * 64
+    # the learned-at-all gate's reference: a unigram model of Shakespeare's characters (≈ 3.3 nats)
+    assert 2.5 < df[df.metric == "trivial_loss"].value.item() < 4.5
     assert "tables and plots in" in capsys.readouterr().out
     mtime = (tmp_path / "table5_gpt2.jsonl").stat().st_mtime_ns
     assert table5_gpt2.main(args) == 0  # finished cell: skipped, not retrained

@@ -175,6 +175,13 @@ class CharCorpus:
     def decode(self, ids) -> bytes:
         return bytes(self.symbols[i] for i in ids)
 
+    def unigram_loss(self, split: str, name: str) -> float:
+        """Cross-entropy (nats/char) on ``split``'s set ``name`` of the training characters' frequencies (add-one
+        smoothed): the trivial predictor a character model must beat."""
+        counts = sum(np.bincount(t, minlength=self.vocab_size) for t in self.train).astype(np.float64) + 1.0
+        logp = np.log(counts / counts.sum())
+        return float(-logp[getattr(self, split)[name]].mean())
+
 
 def _corpus_bytes(name: str, data_dir, download_ok: bool, remote: dict[str, RemoteCorpus]) -> np.ndarray:
     if name == "shakespeare":

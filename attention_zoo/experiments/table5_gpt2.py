@@ -214,6 +214,10 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                      "stride": ev.stride if ev else None}
             rows += [{"metric": f"{split}_loss", "value": loss, "unit": "nats", **where},
                      {"metric": f"{split}_bpc", "value": bpc(loss), "unit": "bits/char", **where}]
+            if split == "test":  # the learned-at-all gate's reference: a unigram model of the training text
+                parts = [name] if ev else list(sets)  # the mix: the mean of its parts, as its loss
+                trivial = sum(corpus.unigram_loss(split, p) for p in parts) / len(parts)
+                rows.append({"metric": "trivial_loss", "value": trivial, "unit": "nats", **where})
     return [{**common, **r} for r in rows], res
 
 

@@ -40,6 +40,12 @@ class ImageData:
     n_val: int
     sampler: Callable  # (batch_size, seed, info) -> ClassificationSampler
     evaluator: Callable  # (batch_size, info) -> evaluator(limit)
+    chance_top1: float | None = None  # % of the evaluation labels that are the training set's majority class
+
+
+def majority_top1(train_labels: Tensor, eval_labels: Tensor) -> float:
+    """Top-1 (%) of always answering the training set's most frequent class: the trivial classifier."""
+    return 100.0 * float((eval_labels == torch.bincount(train_labels).argmax()).float().mean())
 
 
 def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int | None = None) -> ImageData:
@@ -71,7 +77,8 @@ def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int
                      lambda b, seed, info: TensorImageSampler(tr.images, tr.labels, b, n_classes, seed, mean=mean,
                                                               std=std, rank=info.rank, world_size=info.world_size,
                                                               **preset.augment, **common),
-                     lambda b, info: TensorImageEvaluator(va.images, va.labels, b, mean, std))
+                     lambda b, info: TensorImageEvaluator(va.images, va.labels, b, mean, std),
+                     majority_top1(tr.labels, va.labels))
 
 
 def classification_loss(batch, output) -> Tensor:

@@ -215,6 +215,8 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
     rows += [{"metric": "top1", "value": acc["top1"], "unit": "%", "n_eval": acc["n"]},
              {"metric": "top5", "value": acc["top5"], "unit": "%", "n_eval": acc["n"]},
              {"metric": "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
+    if data.chance_top1 is not None:  # the learned-at-all gate's reference
+        rows.append({"metric": "chance_top1", "value": data.chance_top1, "unit": "%", "n_eval": acc["n"]})
     return [{**common, **r} for r in rows], res
 
 
