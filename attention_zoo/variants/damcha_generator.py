@@ -21,6 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .base import check_choice, check_fraction, check_positive_int, value_shape
 from .damcha_ops import (  # noqa: F401  (fold_rowsum, _RowSumLinear: also imported from here by callers)
+    FoldRowSum,
+    GradStorage,
     SharedMetricGrad,
     _RowSumLinear,
     block_scale_matrix,
@@ -124,6 +126,8 @@ class StructuredMLPForM(nn.Module):
         self.trunk = nn.Sequential(*layers)
         self.out = nn.Linear(width, 2 * D * cfg.compact_rank if cfg.compact_rank else D * D)
         self.block_scales = (float(cfg.diag_scale), float(cfg.off_diag_scale))
+        # where the final layer's weight gradient and the stored metrics' gradient are written each step
+        self.grad_storage, self.metric_grad_storage = GradStorage(), GradStorage()
         if cfg.collapsed_generator:
             if self.block_scales != (1.0, 1.0):
                 raise ValueError("collapsed_generator: needs unit block scales while training (diag/off_diag_scale)")
@@ -293,7 +297,7 @@ class StructuredMLPForM(nn.Module):
         if self.stores_metrics:
             ctx.metrics = self.metric_fn(ctx.alpha, None)(ctx.hidden)  # (B, T, H, dh, dh), read by every layer
             if ctx.metrics.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-                ctx.metric_grad = SharedMetricGrad(ctx.metrics)
+                ctx.metric_grad = SharedMetricGrad(ctx.metrics, self.metric_grad_storage)
         return ctx
 
     @property
@@ -350,7 +354,7 @@ class StructuredMLPForM(nn.Module):
             def per_sequence(z):
                 if z.dim() != 2 or torch.is_autocast_enabled(z.device.type):
                     return folded_linear(z, *self.folded_output())
-                m = _RowSumLinear.apply(z, self.out.weight, self.out.bias, H, S)  # (B, H*dh*dh)
+                m = _RowSumLinear.apply(z, self.out.weight, self.out.bias, H, S, self.grad_storage)  # (B, H*dh*dh)
                 return (m if const is None else m + const.flatten()).unflatten(-1, (H, dh, dh))  # (B, H, dh, dh)
 
             return per_sequence
@@ -372,7 +376,10 @@ class StructuredMLPForM(nn.Module):
         """W′ [(H·dh·dh), w] and b′: the final layer summed over block columns j, block scales folded in."""
         H = self.n_heads
         scales = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, self.out.weight)
-        return fold_rowsum(self.out.weight, self.out.bias, H, scales)
+        W, b = self.out.weight, self.out.bias
+        if torch.is_grad_enabled() and W.requires_grad and not torch.compiler.is_compiling():
+            return FoldRowSum.apply(W, b, H, scales, self.grad_storage)
+        return fold_rowsum(W, b, H, scales)
 
     def full_metric(self, z: Tensor, alpha: Tensor | None, layer_idx: int | None) -> Tensor:
         """The explicit D×D metric as blocks [..., H(i), dh(a), H(j), dh(c)], block scales applied."""

@@ -1,6 +1,7 @@
 """DAMCHA's tensor operations below the generator module: the context (token means), the per-head queries
-q_i = X_i m_i, the block-scale matrix, the fused RowSum layer (``fold_rowsum``, ``_RowSumLinear``) and the shared
-gradient buffer of a causal stack's stored per-position metrics (``SharedMetricGrad``). docs/variants.md §7.
+q_i = X_i m_i, the block-scale matrix, the fused RowSum layer (``fold_rowsum``, ``FoldRowSum``, ``_RowSumLinear``),
+the shared gradient buffer of a causal stack's stored per-position metrics (``SharedMetricGrad``) and the storage
+that the generator's large gradients are written into step after step (``GradStorage``). docs/variants.md §7.
 """
 
 from __future__ import annotations
@@ -13,6 +14,45 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 
+class GradStorage:
+    """Memory for a large per-step gradient that outlives the step (held by the module that makes it).
+
+    The generator's final layer has D²·w weights (134 MB at D = 256, w = 512), and the fold's backward writes its
+    whole gradient every step. Made afresh, such a block is mapped by the C library and faulted in by the kernel on
+    first touch each step, which on a virtual machine costs several times the arithmetic. Here the backward writes
+    into this storage and returns a tensor over it; autograd hands that tensor to the parameter's ``.grad`` without
+    a copy, so after ``zero_grad(set_to_none=True)`` the next step writes the same pages again. Whenever anything
+    else still holds the storage (a ``.grad`` kept for accumulation, a tensor the caller kept), the backward gets a
+    fresh block instead, so no live tensor is ever overwritten. Values are unchanged.
+    """
+
+    enabled = True  # class-wide switch (tests compare both paths)
+
+    def __init__(self):
+        self.storage: torch.UntypedStorage | None = None
+
+    def __deepcopy__(self, memo):  # a copied module gets its own (the copy's gradients are its own)
+        return GradStorage()
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.storage = None
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An uninitialised tensor of ``shape`` over the kept storage when no one else holds it, else fresh."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        s = self.storage
+        if not self.enabled:
+            return torch.empty(shape, dtype=dtype, device=device)
+        if s is not None and torch._C._storage_Use_Count(s._cdata) > 1:
+            return torch.empty(shape, dtype=dtype, device=device)  # the last one is still in use: leave it
+        if s is None or s.nbytes() != nbytes or s.device != torch.device(device):
+            self.storage = s = torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
+        return torch.empty(0, dtype=dtype, device=device).set_(s, 0, shape)
+
+
 class SharedMetricGrad:
     """One gradient buffer for per-position metrics m [B,T,H,dh,dh] that every layer of a causal stack reads.
 
@@ -23,8 +63,9 @@ class SharedMetricGrad:
     the collector's token, so the collector's backward runs after all of them). Same sum, in backward order.
     """
 
-    def __init__(self, metrics: Tensor):
+    def __init__(self, metrics: Tensor, storage: GradStorage | None = None):
         self.buffer: Tensor | None = None
+        self.storage = storage or GradStorage()
         self.metrics = metrics.detach()
         self.token = _MetricGradCollect.apply(metrics, self)  # a 0-dim tensor every layer's queries depend on
 
@@ -35,7 +76,8 @@ class SharedMetricGrad:
     def add(self, xh: Tensor, g: Tensor) -> None:
         x5, g5 = xh.transpose(1, 2).unsqueeze(-1), g.transpose(1, 2).unsqueeze(-2)  # (B,T,H,dh,1), (B,T,H,1,dh)
         if self.buffer is None:  # contiguous, as the final layer's backward GEMMs read it
-            self.buffer = torch.mul(x5, g5, out=torch.empty_like(self.metrics, memory_format=torch.contiguous_format))
+            out = self.storage.empty(tuple(self.metrics.shape), self.metrics.dtype, self.metrics.device)
+            self.buffer = torch.mul(x5, g5, out=out)
         else:
             self.buffer.addcmul_(x5, g5)
 
@@ -110,6 +152,41 @@ def fold_rowsum(W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None = None
     return torch.einsum("iajck,ij->iack", W5, scales).flatten(0, 2), torch.einsum("iajc,ij->iac", b4, scales).flatten()
 
 
+def _expand_rows(rows: Tensor, S: Tensor | None, out: Tensor) -> None:
+    """out[i, a, j, c, ...] = S[i, j] · rows[i, a, c, ...] (S = 1: a copy), one block row i at a time."""
+    H = out.shape[0]
+    for i in range(H):
+        r = rows[i].unsqueeze(1)  # (dh(a), 1, dh(c), ...)
+        if S is None:
+            out[i].copy_(r.expand_as(out[i]))
+        else:
+            torch.mul(r, S[i].view(1, H, *([1] * (r.dim() - 2))), out=out[i])
+
+
+class FoldRowSum(torch.autograd.Function):
+    """``fold_rowsum`` with its weight gradient written into the generator's ``GradStorage`` (autograd would expand
+    the folded gradient over the block columns j into a fresh D²·w block every step). Same values and gradients."""
+
+    @staticmethod
+    def forward(ctx, W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None, storage: GradStorage):
+        ctx.save_for_backward(scales)
+        ctx.n_heads, ctx.storage, ctx.w_meta = n_heads, storage, (W.shape, W.dtype, W.device)
+        return fold_rowsum(W, b, n_heads, scales)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_w: Tensor, g_b: Tensor):
+        (scales,), H = ctx.saved_tensors, ctx.n_heads
+        shape, dtype, device = ctx.w_meta
+        D = math.isqrt(shape[0])
+        dh, w = D // H, shape[1]
+        grad_W = ctx.storage.empty((H, dh, H, dh, w), dtype, device)
+        _expand_rows(g_w.reshape(H, dh, dh, w), scales, grad_W)  # (H(i), dh(a), dh(c), w) -> over j
+        grad_b = g_b.new_empty(H, dh, H, dh)
+        _expand_rows(g_b.reshape(H, dh, dh), scales, grad_b)
+        return grad_W.view(shape), grad_b.flatten(), None, None, None
+
+
 class _RowSumLinear(torch.autograd.Function):
     """m = z W′ᵀ + b′ with (W′, b′) = ``fold_rowsum(W, b, H, S)``; z [n, w] -> m [n, H·dh·dh].
 
@@ -120,10 +197,11 @@ class _RowSumLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None) -> Tensor:
+    def forward(ctx, z: Tensor, W: Tensor, b: Tensor, n_heads: int, scales: Tensor | None,
+                storage: GradStorage | None = None) -> Tensor:
         Wf, bf = fold_rowsum(W, b, n_heads, scales)  # (H*dh*dh, w), (H*dh*dh,)
         ctx.save_for_backward(z, Wf, scales)
-        ctx.n_heads = n_heads
+        ctx.n_heads, ctx.storage = n_heads, storage or GradStorage()
         return F.linear(z, Wf, bf)
 
     @staticmethod
@@ -135,7 +213,7 @@ class _RowSumLinear(torch.autograd.Function):
         grad_z = g @ Wf if ctx.needs_input_grad[0] else None
         g4 = g.reshape(n, H, dh * dh)  # (n, H(i), dh(a)*dh(c))
         S = torch.ones(H, H, dtype=g.dtype, device=g.device) if scales is None else scales
-        grad_W = z.new_empty(H, dh, H, dh, w)  # (H(i), dh(a), H(j), dh(c), w)
+        grad_W = ctx.storage.empty((H, dh, H, dh, w), z.dtype, z.device)  # (H(i), dh(a), H(j), dh(c), w)
         for i in range(H):
             rows = (g4[:, i].T @ z).view(dh, 1, dh, w)  # ∂W′ of block row i: (dh(a), 1, dh(c), w)
             if scales is None:
@@ -143,4 +221,4 @@ class _RowSumLinear(torch.autograd.Function):
             else:
                 torch.mul(rows, S[i].view(1, H, 1, 1), out=grad_W[i])
         grad_b = (g.sum(0).reshape(H, dh, 1, dh) * S[:, None, :, None]).flatten()  # (D²,)
-        return grad_z, grad_W.view(H * dh * H * dh, w), grad_b, None, None
+        return grad_z, grad_W.view(H * dh * H * dh, w), grad_b, None, None, None
