@@ -66,6 +66,7 @@ class MBasedAttention(AttentionBase):
     """
 
     fused_kernel = True
+    reference_options = {"fused_rowsum": False}  # the explicit D×D RowSum: the benchmark's correctness gate
     stack_shared = True
     has_metric = True
     has_aux_loss = True  # bayesian off_diag_mode: KL of α

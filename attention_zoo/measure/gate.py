@@ -1,0 +1,81 @@
+"""A correctness gate before any timing: a speed is never reported for a variant that computes the wrong thing.
+
+On a small shape (B = 2, T = 8, D = 32, H = 4; non-causal, and causal where the variant allows it), with the
+options the benchmark will time:
+1. forward + backward in float64 is finite (output, input gradient, every parameter gradient);
+2. the same weights in the timed dtype give the float64 output and input gradient within a tolerance scaled to the
+   dtype (relative to the largest float64 value: 1e-3 in float32, 5e-2 in bfloat16/float16): a fast path that
+   only goes wrong in low precision, or a kernel that reads uninitialised memory, is caught;
+3. where the variant declares ``reference_options`` (options that select its explicit/reference path, e.g.
+   DAMCHA's unfused RowSum), the default path equals the reference path in float64 to 1e-8.
+Comparisons run in eval mode (no dropout or sampling), the gradient of ``y.square().mean()`` plus the variant's
+auxiliary losses.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..registry import create_attention, get_attention_spec
+from ..variants.base import collect_aux_losses
+
+SHAPE = (2, 8, 32, 4)  # B, T, D, H
+TOL = {torch.float32: 1e-3, torch.float64: 1e-10, torch.bfloat16: 5e-2, torch.float16: 5e-2}
+
+
+def _run(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+    x = x.detach().clone().requires_grad_()
+    y = model(x)
+    aux = collect_aux_losses(model)
+    loss = y.float().square().mean() + (0 if aux is None else aux)
+    loss.backward()
+    return y.detach().double(), x.grad.double(), [p.grad for p in model.parameters() if p.requires_grad]
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a - ref).abs().max() / ref.abs().max().clamp(min=1e-12))
+
+
+def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str = "cpu") -> str | None:
+    """None when ``name`` with ``options`` passes the gate (module docstring), else the reason it fails."""
+    options = dict(options or {})
+    spec = get_attention_spec(name)
+    B, T, D, H = SHAPE
+    for causal in (False, True) if spec.causal_ok else (False,):
+        where = "causal" if causal else "non-causal"
+        try:
+            torch.manual_seed(0)
+            m64 = create_attention(name, d_model=D, n_heads=H, causal=causal, **options).double().to(device).eval()
+            x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
+            low = copy.deepcopy(m64).to(dtype)  # copied before a forward leaves state on the module
+            y64, g64, pgrads = _run(m64, x)
+            if not (torch.isfinite(y64).all() and torch.isfinite(g64).all()
+                    and all(g is None or torch.isfinite(g).all() for g in pgrads)):
+                return f"{where}: non-finite output or gradient in float64"
+            y, g, _ = _run(low, x.to(dtype))
+            tol = TOL.get(dtype, 5e-2)
+            for what, a, ref in (("output", y, y64), ("input gradient", g, g64)):
+                err = _rel(a, ref)
+                if not err <= tol:
+                    return f"{where}: {what} in {str(dtype).split('.')[-1]} differs from float64 by {err:.2g} " \
+                           f"(relative; tolerance {tol:g})"
+            ref_opts = {k: v for k, v in (getattr(spec.cls, "reference_options", None) or {}).items()
+                        if k in spec.options}  # a subclass (a control arm) may not take its parent's options
+            if ref_opts:
+                ref = create_attention(name, d_model=D, n_heads=H, causal=causal,
+                                       **{**options, **ref_opts}).double().to(device).eval()
+                ref.load_state_dict(m64.state_dict())
+                y_ref, g_ref, _ = _run(ref, x)
+                for what, a, b in (("output", y64, y_ref), ("input gradient", g64, g_ref)):
+                    err = _rel(a, b)
+                    if not err <= 1e-8:
+                        return f"{where}: {what} differs from the reference path {ref_opts} by {err:.2g}"
+        except Exception as exc:  # noqa: BLE001 — the reason is the row's message
+            return f"{where}: {type(exc).__name__}: {exc}"
+    return None
+
+
+__all__ = ["check_variant"]

@@ -1,0 +1,73 @@
+"""The quick benchmark checks a variant before timing it, and times every case twice: in its own timing setting
+and as a user's plain AdamW loop in a fresh process (attention_zoo/measure/gate.py, plain_loop.py)."""
+
+import pandas as pd
+import pytest
+import torch
+
+import attention_zoo as zoo
+from attention_zoo import registry
+from attention_zoo.measure.gate import check_variant
+from attention_zoo.measure.plain_loop import plain_env, plain_loop_times
+from attention_zoo.measure.workload import workload_spec
+from attention_zoo.variants.mha import MultiHeadAttention
+
+TINY = ["--batch", "1", "--seq-len", "8", "--d-model", "8", "--heads", "2", "--layers", "1", "--vocab", "8",
+        "--warmup", "0", "--repeats", "2", "--threads", "1", "--no-breakdown"]
+
+
+@pytest.fixture
+def broken():
+    """A variant whose float32 path is wrong (its float64 path is MHA's): registered, then removed."""
+    before = dict(registry._REGISTRY)
+
+    @zoo.register_attention("broken_fp32")
+    class Broken(MultiHeadAttention):
+        def forward(self, x, *args, **kwargs):
+            y = super().forward(x, *args, **kwargs)
+            return y + 0.1 if y.dtype == torch.float32 else y
+
+    try:
+        yield "broken_fp32"
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+
+
+def test_the_gate_passes_every_registered_variant_and_refuses_a_broken_one(broken):
+    for name in zoo.list_attentions(include_controls=True, exclude=broken):
+        assert check_variant(name) is None, name
+    why = check_variant(broken)
+    assert why is not None and "output in float32 differs from float64" in why
+
+
+def test_the_quick_benchmark_reports_no_speed_for_a_variant_that_fails_the_gate(broken, tmp_path, capsys):
+    from attention_zoo.measure.quick import main
+
+    csv = tmp_path / "q.csv"
+    assert main(["--variants", f"mha,{broken}", *TINY, "--no-plain-loop", "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv).set_index("case")
+    bad = df.loc[[c for c in df.index if c.startswith(broken)]]
+    assert (bad["status"] == "incorrect").all() and bad["fwd_bwd_ms"].isna().all()
+    assert bad["message"].str.contains("correctness gate").all()
+    assert (df.loc["mha layer non-causal", "status"] == "ok")
+    assert "skipped (INCORRECT)" in capsys.readouterr().out
+
+
+def test_the_plain_loop_runs_in_a_clean_child_and_the_benchmark_reports_both(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_ZOO_MALLOC_RETAIN", "1")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    env = plain_env()
+    assert not any(k.startswith(("ATTENTION_ZOO_", "THP_MEM")) for k in env)
+    spec = workload_spec(attention="mha", batch=1, seq_len=8, d_model=8, n_heads=2)
+    got = plain_loop_times({"a": spec, "b": {**spec, "attention": "nope"}}, "cpu", warmup=0, rounds=3, threads=1)
+    assert got["a"]["status"] == "ok" and got["a"]["q25_ms"] <= got["a"]["median_ms"] <= got["a"]["q75_ms"]
+    assert got["b"]["status"] == "error" and "nope" in got["b"]["message"]
+
+    from attention_zoo.measure.quick import main
+
+    csv = tmp_path / "q.csv"
+    assert main(["--variants", "mha,damcha", *TINY, "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv).set_index("case")
+    assert df.loc["damcha decoder 1L causal", "plain_ms"] > 0
+    assert df.loc["mha layer causal", "plain_vs_mha"] == 1.0
