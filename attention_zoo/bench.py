@@ -9,7 +9,8 @@ analytic count and FlopCounterMode's. Every row says its unit in the column name
 
 ``python -m attention_zoo.bench train …`` is the training-throughput mode: training steps per CPU-second of the
 synthetic cells per arm and path (the legacy per-cell loop, the per-seed loop, the grouped seed ensemble;
-``experiments/train_speed.py``).
+``experiments/train_speed.py``). ``python -m attention_zoo.bench compare BASE.csv NEW.csv`` compares two saved runs
+case by case and exits 1 on a regression beyond noise (``measure/compare.py``).
 """
 
 from __future__ import annotations
@@ -305,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         from .experiments.train_speed import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["compare"]:  # two saved runs, case by case (measure/compare.py)
+        from .measure.compare import main as compare_main
+
+        return compare_main(argv[1:])
     args = build_parser().parse_args(argv)
     for arg, path in (("results-file", args.results_file), ("plot", args.plot)):  # before any work
         if path is not None:

@@ -71,3 +71,25 @@ def test_the_plain_loop_runs_in_a_clean_child_and_the_benchmark_reports_both(tmp
     df = pd.read_csv(csv).set_index("case")
     assert df.loc["damcha decoder 1L causal", "plain_ms"] > 0
     assert df.loc["mha layer causal", "plain_vs_mha"] == 1.0
+
+
+def _run_csv(path, scale: float = 1.0, spread: float = 0.02):
+    rows = [{"variant": v, "flavor": "paper", "batch": 4, "seq_len": 512, "d_model": 256, "n_heads": 8,
+             "causal": False, "mode": "fwd_bwd", "dtype": "fp32", "compiled": False, "status": "ok",
+             "cpu_model": "Test CPU", "latency_median_ms": m * scale, "latency_q25_ms": m * scale * (1 - spread),
+             "latency_q75_ms": m * scale * (1 + spread)} for v, m in (("mha", 10.0), ("damcha", 20.0))]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+def test_compare_exits_non_zero_on_a_planted_regression_and_zero_on_identical_runs(tmp_path, capsys):
+    from attention_zoo.bench import main
+
+    base = _run_csv(tmp_path / "base.csv")
+    assert main(["compare", base, _run_csv(tmp_path / "same.csv")]) == 0
+    assert main(["compare", base, _run_csv(tmp_path / "slow.csv", 1.2)]) == 1
+    out = capsys.readouterr().out
+    assert "machine Test CPU" in out and "2 regression(s)" in out
+    # a 20 % change inside a wide spread is noise, not a regression
+    assert main(["compare", _run_csv(tmp_path / "b2.csv", spread=0.3), _run_csv(tmp_path / "n2.csv", 1.2, 0.3)]) == 0
+    assert main(["compare", base, str(tmp_path / "missing.csv")]) == 2
