@@ -10,7 +10,8 @@ analytic count and FlopCounterMode's. Every row says its unit in the column name
 ``python -m attention_zoo.bench train …`` is the training-throughput mode: training steps per CPU-second of the
 synthetic cells per arm and path (the legacy per-cell loop, the per-seed loop, the grouped seed ensemble;
 ``experiments/train_speed.py``). ``python -m attention_zoo.bench compare BASE.csv NEW.csv`` compares two saved runs
-case by case and exits 1 on a regression beyond noise (``measure/compare.py``).
+case by case and exits 1 on a regression beyond noise (``measure/compare.py``); ``python -m attention_zoo.bench
+decode`` times cached generation per token against the context length (``measure/decode.py``).
 """
 
 from __future__ import annotations
@@ -306,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         from .experiments.train_speed import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["decode"]:  # cached generation: per-token latency and memory vs context (measure/decode.py)
+        from .measure.decode import main as decode_main
+
+        return decode_main(argv[1:])
     if argv[:1] == ["compare"]:  # two saved runs, case by case (measure/compare.py)
         from .measure.compare import main as compare_main
 

@@ -93,3 +93,14 @@ def test_compare_exits_non_zero_on_a_planted_regression_and_zero_on_identical_ru
     # a 20 % change inside a wide spread is noise, not a regression
     assert main(["compare", _run_csv(tmp_path / "b2.csv", spread=0.3), _run_csv(tmp_path / "n2.csv", 1.2, 0.3)]) == 0
     assert main(["compare", base, str(tmp_path / "missing.csv")]) == 2
+
+
+def test_decode_benchmark_times_cached_generation_and_names_what_it_cannot_decode():
+    from attention_zoo.measure.decode import decode_benchmark
+
+    df = decode_benchmark("mha,damcha", contexts=(16, 8), new_tokens=2, d_model=16, layers=1, heads=2, threads=1)
+    mha = df[df["variant"] == "mha"].set_index("context")
+    assert list(mha.index) == [8, 16] and (mha["status"] == "ok").all()
+    assert (mha["per_token_ms"] > 0).all() and (mha["peak_mib"] >= 0).all()
+    dam = df[df["variant"] == "damcha"]
+    assert len(dam) == 1 and dam["status"].item() == "not supported" and "use_cache" in dam["message"].item()
