@@ -44,6 +44,7 @@ from .gate import check_variant
 from .gemm import GEMM_LABEL, interleaved_with_gemm
 from .latency import LOAD_KEYS, step_fn
 from .memory import measure_memory_many, memory_item
+from .params import count_params
 from .plain_loop import plain_loop_times
 from .status import failure_status, guarded, short_message
 from .targets import summary_lines
@@ -96,7 +97,8 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
 
         def build(spec=spec):
             wl = build_workload(spec, device)
-            return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len)}
+            return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len),
+                    "params": count_params(wl.model)}
 
         res = guarded(build, device)
         if res["status"] == "ok":
@@ -112,7 +114,10 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         rows[label] = {"status": status, "message": short_message(exc)}
     for label, lat in results.items():
         fwd = live[label]["fwd"]
-        rows[label] = {"status": "ok", "message": None, "fwd_gflop": fwd / 1e9, "fwd_bwd_ms": lat.median_ms,
+        params = live[label]["params"]
+        rows[label] = {"status": "ok", "message": None, "params": params["total_params"],
+                       "attention_params": params["attention_params"], "fwd_gflop": fwd / 1e9,
+                       "fwd_bwd_ms": lat.median_ms,
                        "iqr_ms": lat.iqr_ms, "q25_ms": lat.q25_ms, "q75_ms": lat.q75_ms,
                        "achieved_gflops": 3 * fwd / (lat.median_ms * 1e-3) / 1e9,
                        "unstable": lat.unstable, "unstable_reason": lat.unstable_reason or None,
@@ -151,18 +156,19 @@ def table_rows(rows: dict, gemm: float) -> list[list[str]]:
     out = []
     for label, r in rows.items():
         if r.get("status") != "ok":
-            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 10)
+            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 12)
             continue
         flag = {True: "UNSTABLE", False: "", None: "n/a"}[r.get("unstable")]
-        out.append([label, f(r["fwd_gflop"], ".3f"), f(r["fwd_bwd_ms"], ".1f"), f(r["iqr_ms"], ".1f"),
+        out.append([label, f(r["params"] / 1e6, ".2f"), f(r["attention_params"] / 1e6, ".2f"),
+                    f(r["fwd_gflop"], ".3f"), f(r["fwd_bwd_ms"], ".1f"), f(r["iqr_ms"], ".1f"),
                     f(r.get("ms_vs_mha"), ".2f"), f(r.get("plain_ms"), ".1f"), f(r.get("plain_vs_mha"), ".2f"),
                     f(100 * r["achieved_gflops"] / gemm, ".1f"), f(r.get("peak_mib"), ".1f"),
                     f(r.get("mem_vs_mha"), ".2f"), flag])
     return out
 
 
-HEADER = ["case", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "plain-loop ms", "plain x MHA", "% GEMM",
-          "peak MiB", "mem x MHA", "stability"]
+HEADER = ["case", "params M", "attn params M", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "plain-loop ms",
+          "plain x MHA", "% GEMM", "peak MiB", "mem x MHA", "stability"]
 
 
 def markdown(rows: dict, gemm: float, title: str) -> str:
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
              f"AdamW step (zero_grad(set_to_none=True), fwd, bwd, step) in a fresh process with the C library's "
              f"defaults; memory = {mem_label} of one fwd+bwd step; ratios to MHA's case")
     print(f"\n{title}")
-    widths = [max([36, *(len(label) for label in rows)]), 10, 11, 8, 7, 14, 12, 7, 9, 10, 9]
+    widths = [max([36, *(len(label) for label in rows)]), 8, 13, 10, 11, 8, 7, 14, 12, 7, 9, 10, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
     for r in table_rows(rows, gemm):
         if len(r) > 2 and r[2] == "":
