@@ -104,3 +104,17 @@ def test_decode_benchmark_times_cached_generation_and_names_what_it_cannot_decod
     assert (mha["per_token_ms"] > 0).all() and (mha["peak_mib"] >= 0).all()
     dam = df[df["variant"] == "damcha"]
     assert len(dam) == 1 and dam["status"].item() == "not supported" and "use_cache" in dam["message"].item()
+
+
+def test_gpu_contention_and_throttling_mark_a_timing_unstable():
+    from attention_zoo.measure.latency import LatencyResult
+
+    quiet = {"load_before": 0.0, "load_after": 0.0, "cores": 16, "gpu_util_pct_before": 0.0,
+             "gpu_clock_mhz_after": 1980.0, "gpu_max_clock_mhz_after": 1980.0, "gpu_throttle_after": 0}
+    assert not LatencyResult.from_times([1.0, 1.0, 1.01], "cuda:0", 0, quiet).unstable
+    busy = LatencyResult.from_times([1.0, 1.0, 1.01], "cuda:0", 0, {**quiet, "gpu_util_pct_before": 60.0})
+    assert busy.unstable and "GPU 60 % busy" in busy.unstable_reason
+    hot = LatencyResult.from_times([1.0, 1.0, 1.01], "cuda:0", 0, {**quiet, "gpu_clock_mhz_after": 1100.0,
+                                                                    "gpu_throttle_after": 0x20})
+    assert "throttled" in hot.unstable_reason and "0x20" in hot.unstable_reason
+    assert hot.guard_fields()["gpu_clock_mhz_after"] == 1100.0

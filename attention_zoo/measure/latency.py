@@ -5,10 +5,12 @@ CUDA: one pair of CUDA events per iteration, synchronised once per batch of iter
 
 Repeats adapt: timing continues until at least ``min_repeats`` calls and ``min_time_s`` seconds of timed work
 (``max_repeats`` caps it), unless a fixed ``repeats`` is given. Around the timed calls the guard records the
-1-minute load average and the CPU time other processes used (``/proc/stat`` minus our own rusage), plus GPU
-utilisation and SM clock where the driver reports them. A result is ``unstable`` when IQR/median exceeds
-``max_iqr`` (10 %) or the machine was busy: load beyond our own threads, or other processes' CPU use, above
-``busy_frac`` (½) of the cores. Like pyperf, it still reports the number, with the reason beside it.
+1-minute load average and the CPU time other processes used (``/proc/stat`` minus our own rusage), plus, where
+the driver reports them (nvidia-ml-py, the ``gpu`` extra), GPU utilisation, SM clock, memory in use and clock-throttle
+reasons. A result is ``unstable`` when IQR/median exceeds ``max_iqr`` (10 %), the machine was busy (load beyond our
+own threads, or other processes' CPU use, above ``busy_frac`` (½) of the cores), the GPU was busy before the timing
+started, or its clocks were throttled during it. Like pyperf, it still reports the number, with the reason beside
+it.
 
 The result of the last timed call is checked after timing (outside the timed region): a NaN or infinite output or
 loss raises ``NonFiniteError`` (``measure_interleaved`` reports it per callable), which sweeps record as a ``nan``
@@ -17,6 +19,7 @@ row (``status.guarded``), never as an ``ok`` timing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
@@ -35,7 +38,10 @@ from .workload import Workload
 MODES = ("forward", "fwd_bwd")
 MAX_IQR = 0.10  # IQR/median above this marks a timing unstable
 BUSY_FRAC = 0.5  # other load above this fraction of the cores marks it unstable
-LOAD_KEYS = ("load_before", "load_after", "other_cpu_cores")  # what result rows carry of LoadProbe.stop()
+# what result rows carry of LoadProbe.stop(); the GPU readings are added where the driver reports them
+LOAD_KEYS = ("load_before", "load_after", "other_cpu_cores")
+GPU_KEYS = ("gpu_util_pct_before", "gpu_util_pct_after", "gpu_clock_mhz_after", "gpu_max_clock_mhz_after",
+            "gpu_mem_used_mib_before", "gpu_throttle_after")
 
 
 def _busy_cpu_s() -> float | None:
@@ -55,13 +61,40 @@ def _own_cpu_s() -> float:
 
 
 def _gpu_state(device: torch.device) -> dict:
-    """Utilisation (%) and SM clock (MHz) when the driver reports them (needs pynvml); {} otherwise."""
-    out = {}
-    for key, fn in (("gpu_util_pct", torch.cuda.utilization), ("gpu_clock_mhz", torch.cuda.clock_rate)):
-        try:
-            out[key] = float(fn(device))
-        except Exception:  # noqa: BLE001 - no NVML, or a driver without the query: record nothing
-            pass
+    """What the driver reports of the GPU (needs nvidia-ml-py: the ``gpu`` extra), {} where it cannot: utilisation
+    (%), SM clock and its maximum (MHz), memory used by every process (MiB) and the clock-throttle reasons other
+    than idling (a bit mask; 0 = none)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        idle = getattr(pynvml, "nvmlClocksThrottleReasonGpuIdle", 1)
+        return {"gpu_util_pct": float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                "gpu_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                "gpu_max_clock_mhz": float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                "gpu_mem_used_mib": pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+                "gpu_throttle": int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)) & ~idle}
+    except Exception:  # noqa: BLE001 - no NVML, or a driver without the query: record nothing
+        return {}
+
+
+GPU_BUSY_PCT = 10.0  # utilisation before our timing starts above this: another process is using the GPU
+GPU_CLOCK_FRAC = 0.9  # an SM clock below this fraction of its maximum after timing: throttled
+
+
+def gpu_reasons(load: dict) -> list[str]:
+    """Why GPU readings make a timing untrustworthy: contention before it started, clocks throttled during it."""
+    out = []
+    util = load.get("gpu_util_pct_before")
+    if util is not None and util > GPU_BUSY_PCT:
+        out.append(f"GPU {util:.0f} % busy before timing (another process)")
+    clock, top = load.get("gpu_clock_mhz_after"), load.get("gpu_max_clock_mhz_after")
+    if clock is not None and top and clock < GPU_CLOCK_FRAC * top:
+        out.append(f"SM clock {clock:.0f} of {top:.0f} MHz after timing (throttled)")
+    if load.get("gpu_throttle_after"):
+        out.append(f"clock-throttle reasons 0x{int(load['gpu_throttle_after']):x} during timing")
     return out
 
 
@@ -129,6 +162,7 @@ class LatencyResult:
             other = load.get("other_cpu_cores")
             if other is not None and other > busy_frac * cores:
                 reasons.append(f"other processes used {other:.1f} of {cores} cores")
+            reasons += gpu_reasons(load)
         res.mark_unstable(*reasons)
         return res
 
@@ -139,8 +173,9 @@ class LatencyResult:
 
     def guard_fields(self) -> dict:
         """The noise guard's verdict and the machine load around the timing, as result-row fields."""
+        gpu = {k: self.load[k] for k in GPU_KEYS if k in self.load}
         return {"threads": self.threads, "repeats": self.repeats, "unstable": self.unstable,
-                "unstable_reason": self.unstable_reason, **{k: self.load.get(k) for k in LOAD_KEYS}}
+                "unstable_reason": self.unstable_reason, **{k: self.load.get(k) for k in LOAD_KEYS}, **gpu}
 
     def summary(self) -> dict:
         out = asdict(self)
@@ -275,10 +310,12 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
         t = times[label]
         return len(t) >= max_repeats or (len(t) >= min_repeats and sum(t) >= 1e3 * min_time_s)
 
-    while any(not done(k) for k in live):
-        for label, fn in list(live.items()):
-            if not done(label):
-                call(label, fn, True)
+    # events are recorded on the current device's stream: make it the timed device (cuda:1 is not cuda:0)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        while any(not done(k) for k in live):
+            for label, fn in list(live.items()):
+                if not done(label):
+                    call(label, fn, True)
     load = probe.stop()
     for label in list(live):
         try:
