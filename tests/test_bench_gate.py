@@ -118,3 +118,11 @@ def test_gpu_contention_and_throttling_mark_a_timing_unstable():
                                                                     "gpu_throttle_after": 0x20})
     assert "throttled" in hot.unstable_reason and "0x20" in hot.unstable_reason
     assert hot.guard_fields()["gpu_clock_mhz_after"] == 1100.0
+
+
+def test_the_gemm_reference_on_cuda_is_bf16_with_tf32_stated():
+    from attention_zoo.measure.gemm import gemm_description, gemm_dtype
+
+    assert gemm_dtype(torch.device("cuda")) == torch.bfloat16 and gemm_dtype(torch.device("cpu")) == torch.float32
+    assert gemm_description(torch.device("cuda")).startswith("bf16 GEMM 2048x2048 (TF32 matmul ")
+    assert gemm_description(torch.device("cpu")) == "fp32 GEMM 2048x2048"
