@@ -148,10 +148,19 @@ def device_name(device: torch.device | str) -> str:
 
 def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | str = "float32") -> dict:
     """The parts of the environment that can change a measured number: device kind and model, torch version,
-    CPU threads and dtype. Part of every result cell's identity (``ResultStore`` context)."""
+    CPU threads and dtype; on CUDA also the TF32 flags and the enabled SDPA backends. Part of every result cell's
+    identity (``ResultStore`` context)."""
     device = torch.device(device)
-    return {"device": device.type, "device_name": device_name(device), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+    out = {"device": device.type, "device_name": device_name(device), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", "")}
+    if device.type == "cuda":  # numerics a CUDA run can differ in (CPU cells' identity stays as it was)
+        b = torch.backends
+        out.update(tf32_matmul=b.cuda.matmul.allow_tf32, tf32_cudnn=b.cudnn.allow_tf32,
+                   sdpa_backends=",".join(k for k, on in (("flash", b.cuda.flash_sdp_enabled()),
+                                                          ("mem_efficient", b.cuda.mem_efficient_sdp_enabled()),
+                                                          ("cudnn", b.cuda.cudnn_sdp_enabled()),
+                                                          ("math", b.cuda.math_sdp_enabled())) if on))
+    return out
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

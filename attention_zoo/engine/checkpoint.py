@@ -157,8 +157,10 @@ def strip_prefixes(state_dict: dict) -> dict:
     return out
 
 
-def rng_state() -> dict:
-    """Python, NumPy, torch CPU and (if any) every CUDA device's RNG state, in weights_only-loadable types."""
+def rng_state(device: torch.device | str | None = None) -> dict:
+    """Python, NumPy, torch CPU and, on a CUDA run, the run's own device's RNG state (``device``; default: the
+    current CUDA device when one is visible), in weights_only-loadable types. Only the run's own device: a resume on
+    a machine with fewer GPUs, or on another index, restores it onto its own device."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -166,17 +168,22 @@ def rng_state() -> dict:
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    device = torch.device(device) if device is not None else None
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        state["cuda_own"] = torch.cuda.get_rng_state(device if device is not None else torch.cuda.current_device())
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | str | None = None) -> None:
+    """Restore ``rng_state``'s states; the CUDA one onto ``device`` (default: the current CUDA device). States saved
+    before, one per visible GPU, restore the first onto it."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    own = state.get("cuda_own", (state.get("cuda") or [None])[0])
+    device = torch.device(device) if device is not None else None
+    if own is not None and torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.set_rng_state(own.cpu(), device if device is not None else torch.cuda.current_device())

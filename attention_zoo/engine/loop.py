@@ -116,7 +116,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    # One implementation on every device: torch picks the multi-tensor ("foreach") one on CUDA, whose
+    # parameter-sized temporaries would raise CUDA training peaks and not CPU ones (same values either way).
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
 
 
 class _StopFlag:
@@ -220,7 +222,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         if len(rngs) != info.world_size:
             warnings.warn(f"resume: checkpoint has RNG states for {len(rngs)} ranks, running {info.world_size}",
                           RuntimeWarning, stacklevel=2)
-        set_rng_state(rngs[info.rank % len(rngs)])
+        set_rng_state(rngs[info.rank % len(rngs)], info.device)
         changed = {k: (v, state["config"].get(k)) for k, v in cfg.to_dict().items()
                    if k not in ("stop_at", "progress", "handle_signals") and state["config"].get(k) != v}
         if changed:
@@ -231,7 +233,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         set_seed((cfg.seed + info.rank) % 2**32)
 
     def snapshot(**extra) -> dict:
-        rngs = all_gather_object(rng_state(), info)  # collective: every rank calls snapshot at the same step
+        rngs = all_gather_object(rng_state(info.device), info)  # collective: every rank calls snapshot at the same step
         data = {"position": step, "sampler": train_batches.state_dict() if hasattr(train_batches, "state_dict")
                 else None}
         return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
