@@ -13,12 +13,15 @@ def test_one_adamw_implementation_on_every_device():
     assert opt.defaults["foreach"] is False  # no multi-tensor temporaries in CUDA training peaks
 
 
-def test_cpu_cell_identity_is_unchanged_and_cuda_numerics_would_join_it():
-    assert set(fingerprint("cpu")) == {"device", "device_name", "torch", "threads", "dtype"}
-    import inspect
+def test_cpu_cell_identity_is_unchanged_and_cuda_numerics_join_it(monkeypatch):
+    import attention_zoo.envinfo as envinfo
 
-    src = inspect.getsource(fingerprint)
-    assert "tf32_matmul" in src and "sdpa_backends" in src
+    assert set(fingerprint("cpu")) == {"device", "device_name", "torch", "threads", "dtype"}
+    monkeypatch.setattr(envinfo, "device_name", lambda device: "Fake GPU")  # no CUDA here: only the name is asked
+    cuda = fingerprint("cuda")
+    assert cuda["tf32_matmul"] == torch.backends.cuda.matmul.allow_tf32 and "math" in cuda["sdpa_backends"]
+    monkeypatch.setattr(torch.backends.cuda, "math_sdp_enabled", lambda: False)
+    assert fingerprint("cuda") != cuda  # another set of SDPA backends is another cell
 
 
 def test_rng_state_keeps_the_runs_own_device_only_and_reads_the_old_layout():
