@@ -28,6 +28,20 @@ def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
     return pe
 
 
+def check_token_ids(tokens: Tensor, vocab_size: int) -> None:
+    """Ids outside [0, vocab_size) are a ValueError on CPU (read on the host: no device to wait for). On an
+    accelerator, reading them back would stall every forward until the device is idle, so the check is queued on
+    the device instead (``torch._assert_async``: it fails at the next synchronisation); under compilation, and on
+    the meta device, nothing is checked."""
+    if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+        ids = tokens.detach().numpy()  # NumPy reads the memory: no tensor op, no synchronisation
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got [{ids.min()}, {ids.max()}]")
+    elif tokens.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
+        torch._assert_async(((tokens >= 0) & (tokens < vocab_size)).all(),
+                            f"tokens: ids must lie in [0, {vocab_size})")
+
+
 class Decoder(nn.Module):
     """Decoder-only language model: token embedding + positions -> blocks -> (final LN) -> tied head.
 
@@ -90,9 +104,7 @@ class Decoder(nn.Module):
             raise ValueError(f"tokens: expected at least one sequence of at least one token, got shape {(B, T)}")
         if T > self.max_seq_len:
             raise ValueError(f"tokens: sequence length {T} exceeds max_seq_len={self.max_seq_len}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"tokens: ids must lie in [0, {self.vocab_size}), got [{int(tokens.min())}, "
-                             f"{int(tokens.max())}]")
+        check_token_ids(tokens, self.vocab_size)
         x = self.tok_emb(tokens)  # (B, T, D)
         rotary = None
         if self.pos_emb is not None:

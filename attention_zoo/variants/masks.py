@@ -94,10 +94,15 @@ def resolve_masks(
         keep = _causal_keep(seq_len, device)  # [1,1,T,S]
     if extra_keep is not None:
         keep = conj(keep, extra_keep)
-    # The ``bool(...)`` tests below only skip work when a mask constrains nothing; under torch.compile they would be
-    # data-dependent graph breaks, so the compiled graph keeps the (then no-op) masks instead.
-    compiling = torch.compiler.is_compiling()
-    padded = padding_mask is not None and (compiling or not bool(padding_mask.all()))
+    # The tests below only skip work when a mask constrains nothing. They read the mask on the host where that is
+    # free (a CPU tensor, through NumPy); on an accelerator a read-back would stall every layer until the device is
+    # idle, and under torch.compile it would be a data-dependent graph break, so there the (then no-op) masks stay.
+    def constrains(t: Tensor) -> bool:  # t: bool "visible" tensor; False = every entry visible
+        if t.device.type != "cpu" or torch.compiler.is_compiling():
+            return True
+        return not t.detach().numpy().all()
+
+    padded = padding_mask is not None and constrains(padding_mask)
     if padded:
         keep = conj(keep, padding_mask[:, None, None, :])  # [B,1,1,S]
     bias = None
@@ -109,12 +114,12 @@ def resolve_masks(
         if m.is_floating_point():
             visible = ~torch.isneginf(m)  # -inf entries are invisible keys, the rest is a finite bias
             bias = m.masked_fill(~visible, 0.0)
-            if compiling or not bool(visible.all()):
+            if constrains(visible):
                 keep = conj(keep, visible)
         else:
             keep = conj(keep, m.bool())
     dead = None
     if keep is not None and not only_causal:
         dead_rows = ~keep.any(dim=-1, keepdim=True)  # [.,.,T,1]
-        dead = dead_rows if compiling or bool(dead_rows.any()) else None
+        dead = dead_rows if constrains(~dead_rows) else None
     return Masks(keep, bias, dead, padding_mask, causal, only_causal)

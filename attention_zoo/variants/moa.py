@@ -70,9 +70,11 @@ class _ExpertLinear(torch.autograd.Function):
         return grad_in, grad_w.to(w.dtype), None, None, None, None
 
 
-# torch's grouped GEMM (one call, group offsets read on the device: no host sync) covers these dtypes on CPU;
-# float64 and row strides that are not 16-byte multiples take the per-expert loop, which reads the offsets.
-_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# torch's grouped GEMM (one call, group offsets read on the device: no host sync) covers these dtypes on CPU and
+# bf16 on CUDA (and the meta device, whose kernel is CUDA's); float64 on CPU, fp32/fp16 on CUDA and row strides that
+# are not 16-byte multiples take the per-expert loop, which reads the offsets on the host (``grouped_path`` says).
+_GROUPED_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,),
+                   "meta": (torch.bfloat16,)}
 
 
 def _grouped_kernel_ok(a: Tensor, widths: tuple[int, ...]) -> bool:
@@ -81,10 +83,15 @@ def _grouped_kernel_ok(a: Tensor, widths: tuple[int, ...]) -> bool:
     return (
         hasattr(F, "grouped_mm")
         and not torch.compiler.is_compiling()
-        and a.device.type == "cpu"
-        and a.dtype in _GROUPED_DTYPES
+        and a.dtype in _GROUPED_DTYPES.get(a.device.type, ())
         and all(n * a.element_size() % 16 == 0 for n in widths)
     )
+
+
+def grouped_path(device: torch.device | str, dtype: torch.dtype) -> str:
+    """Which expert GEMM runs for inputs of ``dtype`` on ``device`` (for the rows that report a speed)."""
+    ok = dtype in _GROUPED_DTYPES.get(torch.device(device).type, ())
+    return "grouped GEMM" if ok and hasattr(F, "grouped_mm") else "per-expert loop (reads group sizes on the host)"
 
 
 def _grouped_mm(rows: Tensor, w: Tensor, offs: Tensor) -> Tensor:
@@ -244,7 +251,9 @@ class MixtureOfAttentionHeads(AttentionBase):
         self.aux_loss = self._balance_loss(logits, probs, gates, idx, real)
 
         pos = torch.argsort(idx.reshape(-1), stable=True)  # (N*k,) pair indices t*k+j grouped by expert
-        offs = torch.bincount(idx.reshape(-1), minlength=E).cumsum(0).to(torch.int32)  # (E,) group ends, on device
+        flat = idx.reshape(-1)
+        counts = torch.zeros(E, dtype=flat.dtype, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+        offs = counts.cumsum(0).to(torch.int32)  # (E,) group ends, on device
         q = _ExpertLinear.apply(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
         q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
         kv = self.kv(x).view(B, 1, T, 2, dh)  # shared K/V: one "group" that all k slots read (GQA)
