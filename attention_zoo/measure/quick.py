@@ -7,6 +7,9 @@ stack-shared DAMCHA generator). Achieved GFLOP/s = 3 × analytic forward FLOPs /
 ≈ 2 × forward). Peak memory is of one forward+backward step (no optimizer): CUDA ``max_memory_allocated`` minus
 the baseline, CPU peak RSS of a fresh forked process minus its baseline (MiB).
 
+``ops/step (meta)``: the non-view ATen ops of one fwd+bwd counted on the meta device in bfloat16 (``opcount``: the
+kernels an accelerator would launch).
+
 ``--variants '*' --flavor both`` runs every variant in each flavour; all cases are built first and timed in
 interleaved rounds (A B C … A B C …) in one process, reported as median and IQR with the ratio to MHA's case of the
 same kind (layer non-causal, layer causal, decoder), % of the GEMM rate, peak memory and its ratio to MHA's, and
@@ -44,6 +47,7 @@ from .gate import check_variant
 from .gemm import gemm_description, interleaved_with_gemm
 from .latency import LOAD_KEYS, step_fn
 from .memory import measure_memory_many, memory_item
+from .opcount import count_ops
 from .params import count_params
 from .plain_loop import plain_loop_times
 from .status import failure_status, guarded, short_message
@@ -98,7 +102,7 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         def build(spec=spec):
             wl = build_workload(spec, device)
             return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len),
-                    "params": count_params(wl.model)}
+                    "params": count_params(wl.model), "launch": count_ops(spec)}
 
         res = guarded(build, device)
         if res["status"] == "ok":
@@ -116,6 +120,7 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         fwd = live[label]["fwd"]
         params = live[label]["params"]
         rows[label] = {"status": "ok", "message": None, "params": params["total_params"],
+                       "aten_ops_meta": live[label]["launch"]["ops"], "host_syncs_meta": live[label]["launch"]["syncs"],
                        "attention_params": params["attention_params"], "fwd_gflop": fwd / 1e9,
                        "fwd_bwd_ms": lat.median_ms,
                        "iqr_ms": lat.iqr_ms, "q25_ms": lat.q25_ms, "q75_ms": lat.q75_ms,
@@ -156,19 +161,19 @@ def table_rows(rows: dict, gemm: float) -> list[list[str]]:
     out = []
     for label, r in rows.items():
         if r.get("status") != "ok":
-            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 12)
+            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 13)
             continue
         flag = {True: "UNSTABLE", False: "", None: "n/a"}[r.get("unstable")]
         out.append([label, f(r["params"] / 1e6, ".2f"), f(r["attention_params"] / 1e6, ".2f"),
                     f(r["fwd_gflop"], ".3f"), f(r["fwd_bwd_ms"], ".1f"), f(r["iqr_ms"], ".1f"),
                     f(r.get("ms_vs_mha"), ".2f"), f(r.get("plain_ms"), ".1f"), f(r.get("plain_vs_mha"), ".2f"),
                     f(100 * r["achieved_gflops"] / gemm, ".1f"), f(r.get("peak_mib"), ".1f"),
-                    f(r.get("mem_vs_mha"), ".2f"), flag])
+                    f(r.get("mem_vs_mha"), ".2f"), f(r.get("aten_ops_meta"), "d"), flag])
     return out
 
 
 HEADER = ["case", "params M", "attn params M", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "plain-loop ms",
-          "plain x MHA", "% GEMM", "peak MiB", "mem x MHA", "stability"]
+          "plain x MHA", "% GEMM", "peak MiB", "mem x MHA", "ops/step (meta)", "stability"]
 
 
 def markdown(rows: dict, gemm: float, title: str) -> str:
@@ -295,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
              f"AdamW step (zero_grad(set_to_none=True), fwd, bwd, step) in a fresh process with the C library's "
              f"defaults; memory = {mem_label} of one fwd+bwd step; ratios to MHA's case")
     print(f"\n{title}")
-    widths = [max([36, *(len(label) for label in rows)]), 8, 13, 10, 11, 8, 7, 14, 12, 7, 9, 10, 9]
+    widths = [max([36, *(len(label) for label in rows)]), 8, 13, 10, 11, 8, 7, 14, 12, 7, 9, 10, 15, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
     for r in table_rows(rows, gemm):
         if len(r) > 2 and r[2] == "":
