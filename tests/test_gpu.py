@@ -57,3 +57,54 @@ def test_sdpa_fused_backends_run_and_match_math(name, backend):
         with sdpa_kernel([SDPBackend.MATH]):
             math = attn(x).float()
     assert (fused - math).norm() / math.norm() < 2e-2
+
+
+@pytest.mark.parametrize("name", zoo.list_attentions(include_controls=True))
+def test_bf16_autocast_fwd_bwd_matches_fp32_gradients(name):
+    """The backward too: a custom Function whose backward runs outside autocast is where low precision breaks."""
+    spec = workload_spec(attention=name, batch=2, seq_len=64, d_model=64, n_heads=4, causal=True)
+    ref = build_workload(spec, DEV)
+    amp = build_workload({**spec, "amp": "bfloat16"}, DEV)
+    amp.model.load_state_dict(ref.model.state_dict())
+    for wl in (ref, amp):
+        wl.model.eval()
+        wl.loss(wl.forward()).backward()
+    for (pname, p32), p16 in zip(ref.model.named_parameters(), amp.model.parameters()):
+        if p32.grad is None:
+            continue
+        assert p16.grad is not None and torch.isfinite(p16.grad).all(), pname
+        assert (p16.grad.float() - p32.grad).norm() <= 0.1 * p32.grad.norm() + 1e-6, pname
+
+
+def test_sdpa_default_backend_runs_and_is_recorded(record_property):
+    """No backend forced: whichever SDPA kernel this GPU picks for bf16 (flash, efficient, cuDNN) runs, matches the
+    math backend, and its kernel names are recorded with the test."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    attn = zoo.create_attention("mha", d_model=128, n_heads=4, causal=True).to(DEV, torch.bfloat16).eval()
+    x = torch.randn(2, 256, 128, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        default = attn(x).float()
+        torch.cuda.synchronize()
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        math = attn(x).float()
+    kernels = sorted({e.name for e in prof.events() if any(k in e.name.lower() for k in
+                                                            ("flash", "fmha", "attention", "cudnn", "sdpa"))})
+    record_property("sdpa_kernels", "; ".join(kernels))
+    print("SDPA kernels:", kernels)
+    assert kernels, "no attention kernel seen in the profile"
+    assert (default - math).norm() / math.norm() < 2e-2
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_interleaved_timing_on_the_second_device_times_its_own_stream():
+    from attention_zoo.measure.latency import measure_interleaved
+
+    a = torch.randn(2048, 2048, device="cuda:1")
+    b = torch.randn(256, 256, device="cuda:1")
+    res, failures = measure_interleaved({"big": lambda: a @ a, "small": lambda: b @ b}, "cuda:1", warmup=2,
+                                        repeats=10)
+    assert not failures and res["big"].device == "cuda:1"
+    assert res["big"].median_ms > res["small"].median_ms  # events on cuda:1's stream see cuda:1's kernels

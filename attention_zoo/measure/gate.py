@@ -3,8 +3,9 @@
 On a small shape (B = 2, T = 8, D = 32, H = 4; non-causal, and causal where the variant allows it), with the
 options the benchmark will time:
 1. forward + backward in float64 is finite (output, input gradient, every parameter gradient);
-2. the same weights in the timed dtype give the float64 output and input gradient within a tolerance scaled to the
-   dtype (relative to the largest float64 value: 1e-3 in float32, 5e-2 in bfloat16/float16): a fast path that
+2. the same weights in the timed dtype (or in float32 under autocast to it, as the timed step runs) give the
+   float64 output and input gradient within a tolerance scaled to the dtype (relative to the largest float64
+   value: 1e-3 in float32, 5e-2 in bfloat16/float16): a fast path that
    only goes wrong in low precision, or a kernel that reads uninitialised memory, is caught;
 3. where the variant declares ``reference_options`` (options that select its explicit/reference path, e.g.
    DAMCHA's unfused RowSum), the default path equals the reference path in float64 to 1e-8.
@@ -14,6 +15,7 @@ auxiliary losses.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -25,9 +27,11 @@ SHAPE = (2, 8, 32, 4)  # B, T, D, H
 TOL = {torch.float32: 1e-3, torch.float64: 1e-10, torch.bfloat16: 5e-2, torch.float16: 5e-2}
 
 
-def _run(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+def _run(model: torch.nn.Module, x: torch.Tensor, amp: torch.dtype | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor, list]:
     x = x.detach().clone().requires_grad_()
-    y = model(x)
+    with torch.autocast(x.device.type, dtype=amp) if amp is not None else contextlib.nullcontext():
+        y = model(x)
     aux = collect_aux_losses(model)
     loss = y.float().square().mean() + (0 if aux is None else aux)
     loss.backward()
@@ -39,8 +43,10 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu") -> str | None:
-    """None when ``name`` with ``options`` passes the gate (module docstring), else the reason it fails."""
+                  device: torch.device | str = "cpu", autocast: bool = False) -> str | None:
+    """None when ``name`` with ``options`` passes the gate (module docstring), else the reason it fails.
+    ``autocast``: the low-precision run keeps float32 weights and runs under autocast to ``dtype`` (as the timed
+    step does), instead of holding its weights in ``dtype``."""
     options = dict(options or {})
     spec = get_attention_spec(name)
     B, T, D, H = SHAPE
@@ -50,12 +56,12 @@ def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = t
             torch.manual_seed(0)
             m64 = create_attention(name, d_model=D, n_heads=H, causal=causal, **options).double().to(device).eval()
             x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
-            low = copy.deepcopy(m64).to(dtype)  # copied before a forward leaves state on the module
+            low = copy.deepcopy(m64).to(torch.float32 if autocast else dtype)  # before a forward leaves state
             y64, g64, pgrads = _run(m64, x)
             if not (torch.isfinite(y64).all() and torch.isfinite(g64).all()
                     and all(g is None or torch.isfinite(g).all() for g in pgrads)):
                 return f"{where}: non-finite output or gradient in float64"
-            y, g, _ = _run(low, x.to(dtype))
+            y, g, _ = _run(low, x.to(torch.float32 if autocast else dtype), dtype if autocast else None)
             tol = TOL.get(dtype, 5e-2)
             for what, a, ref in (("output", y, y64), ("input gradient", g, g64)):
                 err = _rel(a, ref)

@@ -68,7 +68,8 @@ def flavors_of(name: str, flavor: str) -> list[str]:
 def cases(names: list[str], args) -> list[tuple[str, dict]]:
     """(label, workload spec) per variant and flavour, then per ``--extra`` option setting: layer non-causal,
     layer causal, N-layer causal Decoder."""
-    base = dict(d_model=args.d_model, n_heads=args.heads, batch=args.batch, seq_len=args.seq_len)
+    amp = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}[getattr(args, "dtype", "fp32")]
+    base = dict(d_model=args.d_model, n_heads=args.heads, batch=args.batch, seq_len=args.seq_len, amp=amp)
     rows = [(name, f"{name}[{flavor}]" if flavor != "paper" else name, {"flavor": flavor})
             for name in names for flavor in flavors_of(name, getattr(args, "flavor", "paper"))]
     rows += [(name, label, options) for name, options, label in parse_option_rows(getattr(args, "extra", []))]
@@ -94,7 +95,8 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
     for label, spec in todo:
         key = (spec["attention"], repr(sorted(spec["options"].items())), spec["dtype"], spec["amp"])
         if key not in gate:  # correctness before speed: no time is reported for a variant that fails
-            gate[key] = check_variant(spec["attention"], spec["options"], DTYPES[spec["amp"] or spec["dtype"]], device)
+            gate[key] = check_variant(spec["attention"], spec["options"], DTYPES[spec["amp"] or spec["dtype"]], device,
+                                      autocast=spec["amp"] is not None)
         if gate[key] is not None:
             rows[label] = {"status": "incorrect", "message": f"correctness gate: {gate[key]}"}
             continue
@@ -235,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=positive_int, default=256, help="decoder vocabulary")
     p.add_argument("--flavor", default="paper", choices=("paper", "damcha_repo", "both"),
                    help="flavour(s) of each variant; variants without the flavour run their paper method")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="fp32, or the forward under bf16/fp16 autocast (parameters stay fp32)")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds (every case once per round)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -275,19 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     todo = cases(names, args)
     rows, gemm = run_interleaved(todo, device, args.warmup, args.repeats)
     print(f"{gemm_description(device)}, timed in the same rounds: {gemm:.1f} GFLOP/s")
-    mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads()) for _, spec in todo],
+    timed = [(label, spec) for label, spec in todo if rows[label].get("status") == "ok"]
+    mem = measure_memory_many([memory_item(spec, "fwd_bwd", threads=torch.get_num_threads()) for _, spec in timed],
                               device, workers=1)
     unit = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
-    for (label, _), res in zip(todo, mem):
+    for (label, _), res in zip(timed, mem):
         rows[label]["peak_mib"] = res.get(unit)
         if res["status"] != "ok":
             rows[label]["message"] = (rows[label].get("message") or "") + f" memory: {res['message']}"
-    for label, res in zip((label for label, _ in todo), mem):
-        if res["status"] != "ok":
             print(f"warning: {label}: peak memory not measured ({res['status']}: {res['message']})", file=sys.stderr)
     if args.plain_loop:  # the speed a user gets: AdamW, zero_grad(set_to_none=True), glibc defaults, fresh process
-        ok = {label: spec for label, spec in todo if rows[label].get("status") == "ok"}
-        for label, res in plain_loop_times(ok, device, args.warmup, args.repeats).items():
+        for label, res in plain_loop_times(dict(timed), device, args.warmup, args.repeats).items():
             rows[label].update(plain_ms=res.get("median_ms"), plain_iqr_ms=res.get("iqr_ms"))
             if res["status"] != "ok":
                 print(f"warning: {label}: plain loop not timed ({res['status']}: {res['message']})", file=sys.stderr)
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(rows)
 
     mem_label = "CUDA max_memory_allocated" if device.type == "cuda" else "CPU peak RSS increment"
-    title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads}; fwd+bwd median (IQR) of "
+    title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads} {args.dtype}; fwd+bwd median (IQR) of "
              f"{args.repeats} interleaved rounds in the benchmark's timing setting; plain loop = median of a user's "
              f"AdamW step (zero_grad(set_to_none=True), fwd, bwd, step) in a fresh process with the C library's "
              f"defaults; memory = {mem_label} of one fwd+bwd step; ratios to MHA's case")

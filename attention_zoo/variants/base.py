@@ -32,6 +32,15 @@ from .masks import Masks, resolve_masks  # noqa: F401 - re-exported: the variant
 from .rotary import Rotary, apply_rotary  # noqa: F401 - re-exported, as above
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """``torch.is_autocast_enabled(device_type)``; False where autocast does not exist (the meta device, on which
+    shape-only runs count a step's kernels)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 @dataclass(frozen=True)
 class StackShare:
     """What a backbone tells one attention layer of its stack (the ``stack`` argument of a ``stack_shared`` variant).

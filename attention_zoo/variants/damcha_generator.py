@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .base import check_choice, check_fraction, check_positive_int, value_shape
+from .base import autocast_enabled, check_choice, check_fraction, check_positive_int, value_shape
 from .damcha_ops import (  # noqa: F401  (fold_rowsum, _RowSumLinear: also imported from here by callers)
     FoldRowSum,
     GradStorage,
@@ -352,7 +352,7 @@ class StructuredMLPForM(nn.Module):
 
         if not self.causal:  # one context per sequence: one call per forward, so the fold can live in the call
             def per_sequence(z):
-                if z.dim() != 2 or torch.is_autocast_enabled(z.device.type):
+                if z.dim() != 2 or autocast_enabled(z.device.type):
                     return folded_linear(z, *self.folded_output())
                 m = _RowSumLinear.apply(z, self.out.weight, self.out.bias, H, S, self.grad_storage)  # (B, H*dh*dh)
                 return (m if const is None else m + const.flatten()).unflatten(-1, (H, dh, dh))  # (B, H, dh, dh)
