@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["train"]:  # the training-throughput mode (experiments/train_speed.py)
-        from .experiments.train_speed import main as train_main
+        from .experiments.synthetic.train_speed import main as train_main
 
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -21,7 +21,11 @@ from torch import nn
 import attention_zoo as zoo
 from attention_zoo import _tvhook, bench, plugins, registry
 from attention_zoo.data.fetch import DatasetError, download
-from attention_zoo.experiments import run_all, synthetic, table5_gpt2, table6_vit, table7_complexity
+from attention_zoo.experiments import run_all
+from attention_zoo.experiments.efficiency import table7_complexity
+from attention_zoo.experiments.lm import table5_gpt2
+from attention_zoo.experiments.synthetic import sweep as synthetic
+from attention_zoo.experiments.vision import table6_vit
 from attention_zoo.io import atomic_write_csv, atomic_write_text, read_jsonl
 from attention_zoo.measure import guarded, measure_latency, memory_item, quick, workload_spec
 from attention_zoo.metrics import images as mi

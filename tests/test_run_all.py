@@ -23,7 +23,7 @@ def test_smoke_preset_covers_the_paper():
         seeds = args[args.index("--seeds") + 1:]
         assert len(seeds) >= 3 and args[args.index("--flavour") + 1] == "both"
         assert "--variants" not in args or args[args.index("--variants") + 1] == "*,controls"  # + the control arms
-    from attention_zoo.experiments.synthetic import PRESETS
+    from attention_zoo.experiments.synthetic.sweep import PRESETS
 
     assert PRESETS["smoke"].lambdas == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with λ = 0.2
     assert PRESETS["smoke"].des == (4, 8, 12, 16, 20)

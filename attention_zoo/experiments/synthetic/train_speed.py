@@ -31,16 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import environment_record, resolve_device, setup_threads
-from ..io import atomic_write_csv, atomic_write_json, atomic_write_text
-from ..measure.flops import analytic_flops
-from ..measure.gemm import gemm_gflops
-from ..registry import select_attentions
-from ..report import markdown_table
-from ..results import ensure_out_file
-from .synthetic import PRESETS, task_of
-from .synthetic_fit import Group
+from ...cli import HelpFormatter, cli_main, non_negative_int, positive_int
+from ...envinfo import environment_record, resolve_device, setup_threads
+from ...io import atomic_write_csv, atomic_write_json, atomic_write_text
+from ...measure.flops import analytic_flops
+from ...measure.gemm import gemm_gflops
+from ...registry import select_attentions
+from ...report import markdown_table
+from ...results import ensure_out_file
+from .fit import Group
+from .sweep import PRESETS, task_of
 
 PATHS = ("legacy", "per-seed", "ensemble", "sweep")
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from ..envinfo import environment_record, resolve_device
-from ..measure.status import free_memory, is_oom, short_message
-from ..registry import resolved_options_json, split_options
-from ..results import digest
-from .common import (
+from ...envinfo import environment_record, resolve_device
+from ...measure.status import free_memory, is_oom, short_message
+from ...registry import resolved_options_json, split_options
+from ...results import digest
+from ..common import (
     base_parser,
     cli_main,
     non_negative_float,
@@ -39,9 +39,9 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
-from .protocol import Plan, add_launcher_arguments, default_workers, execute
-from .synthetic_fit import Fit, Group, Task
-from .synthetic_report import METRIC, NAME, print_summary, write_report
+from ..protocol import Plan, add_launcher_arguments, default_workers, execute
+from .fit import Fit, Group, Task
+from .report import METRIC, NAME, print_summary, write_report
 
 TASKS = ("regression", "classification")
 PRESET_NAMES = ("smoke", "decide", "paper")

@@ -26,12 +26,12 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..registry import get_attention_spec
-from . import generation_common as gc
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import train_and_score
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...registry import get_attention_spec
+from ..common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
+from . import shared as gc
+from .training import train_and_score
 
 NAME = "table4_ablation"
 SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-from .. import report
-from ..claims import verdict_lines
-from ..data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
-from ..engine import (
+from ... import report
+from ...claims import verdict_lines
+from ...data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
+from ...engine import (
     TrainConfig,
     TrainResult,
     batch_weight,
@@ -52,14 +52,14 @@ from ..engine import (
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, broadcast_object, run_distributed
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..measure.params import count_params
-from ..measure.status import free_memory, is_oom, short_message
-from ..models import Decoder
-from ..registry import is_attention, resolved_options_json, split_options
-from ..results import ResultStore, cell_id
-from .common import (
+from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...measure.params import count_params
+from ...measure.status import free_memory, is_oom, short_message
+from ...models import Decoder
+from ...registry import is_attention, resolved_options_json, split_options
+from ...results import ResultStore, cell_id
+from ..common import (
     base_parser,
     cli_main,
     non_negative_int,
@@ -69,7 +69,7 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
-from .protocol import Plan, add_launcher_arguments, execute
+from ..protocol import Plan, add_launcher_arguments, execute
 from .table5_report import NAME, PAPER_DATASETS, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")

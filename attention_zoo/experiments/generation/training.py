@@ -33,21 +33,21 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..data import image_tasks as dt
-from ..data import images as di
-from ..data import seq2seq as s2s
-from ..engine import TrainConfig, discard_run, lm_loss, load_checkpoint, train
-from ..engine.checkpoint import strip_prefixes
-from ..engine.distributed import DistInfo
-from ..envinfo import set_seed
-from ..io import atomic_write_bytes
-from ..measure.flops import analytic_flops
-from ..measure.params import count_params
-from ..metrics import images as mi
-from ..models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
-from ..registry import resolved_options_json, split_options
-from ..results import cell_id  # noqa: F401 - re-exported for the tables
-from .generation_scoring import VAL_UNIT, _row, cell_name, score_cell, validation_loss
+from ...data import image_tasks as dt
+from ...data import images as di
+from ...data import seq2seq as s2s
+from ...engine import TrainConfig, discard_run, lm_loss, load_checkpoint, train
+from ...engine.checkpoint import strip_prefixes
+from ...engine.distributed import DistInfo
+from ...envinfo import set_seed
+from ...io import atomic_write_bytes
+from ...measure.flops import analytic_flops
+from ...measure.params import count_params
+from ...metrics import images as mi
+from ...models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
+from ...registry import resolved_options_json, split_options
+from ...results import cell_id  # noqa: F401 - re-exported for the tables
+from .scoring import VAL_UNIT, _row, cell_name, score_cell, validation_loss
 
 IMAGE_SETS, TEXT_SETS = ("digits", "cifar10", "cifar100"), ("concepts", "wmt14", "commongen")
 TEXT_LENGTHS = {"concepts": (64, 96), "wmt14": (128, 128), "commongen": (64, 64)}  # (source, target) max tokens

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import plots, report
-from ..checks import MissingInputError
-from ..envinfo import environment_record
-from ..io import atomic_savefig
-from ..metrics.topk import read_per_sample
-from ..results import ResultStore, ensure_out_dir
-from .common import base_parser, cli_main, select_variants, variant_flavours
-from .generation_common import flat_wide
-from .launchers import run_whole
-from .protocol import add_launcher_arguments
+from ... import plots, report
+from ...checks import MissingInputError
+from ...envinfo import environment_record
+from ...io import atomic_savefig
+from ...metrics.topk import read_per_sample
+from ...results import ResultStore, ensure_out_dir
+from ..common import base_parser, cli_main, select_variants, variant_flavours
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
+from .shared import flat_wide
 from .table1_generation import NAME as TABLE1
 
 NAME = "appendix_e_kde"

@@ -29,16 +29,16 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .. import report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..io import atomic_write_json
-from ..report import write_tables
-from ..results import ensure_out_dir
-from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .generation import PRESETS, DataOptions, build_model, load_data
+from ... import report
+from ...claims import frame_verdicts, verdict_lines, verdict_markdown
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...io import atomic_write_json
+from ...report import write_tables
+from ...results import ensure_out_dir
+from ..common import base_parser, cli_main, open_store, positive_int, setup_threads
+from ..protocol import Plan, add_launcher_arguments, execute
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
-from .protocol import Plan, add_launcher_arguments, execute
+from .training import PRESETS, DataOptions, build_model, load_data
 
 NAME = "appendix_fgh"
 MODELS = {"adaptive": ({}, True), "unshared": ({}, False), "static": ({"use_mlp": False}, True)}

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..envinfo import environment_record, resolve_device
-from ..measure import (
+from ...envinfo import environment_record, resolve_device
+from ...measure import (
     ForkServers,
     build_workload,
     check_consistency,
@@ -37,19 +37,11 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..report import format_comparison, mark_values, write_tables
-from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import (
-    RUN_CONTROL,
-    add_measure_arguments,
-    attention_rows,
-    config_record,
-    measure_cells,
-    timing_for,
-)
-from .launchers import run_whole
+from ...report import format_comparison, mark_values, write_tables
+from ..common import base_parser, cli_main, open_store, positive_int, setup_threads
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
 from .paper_flops import PAPER_METHODS, paper_gflops
-from .protocol import add_launcher_arguments
 from .table2_report import (
     BASELINE,
     INDEX,
@@ -63,6 +55,14 @@ from .table2_report import (
     plots,
     unstable_marks,
     wide_frame,
+)
+from .timing import (
+    RUN_CONTROL,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
 )
 
 BASELINE_ATTEMPTS = 3  # MHA's timing is every ratio's denominator: re-measured (up to this often) until stable

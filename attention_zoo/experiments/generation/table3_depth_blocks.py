@@ -24,14 +24,14 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..claims.stats import t_interval
-from ..registry import get_attention_spec
-from ..variants.damcha import set_block_scales
-from . import generation_common as gc
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import IMAGE_SETS, train_and_score
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...claims.stats import t_interval
+from ...registry import get_attention_spec
+from ...variants.damcha import set_block_scales
+from ..common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
+from . import shared as gc
+from .training import IMAGE_SETS, train_and_score
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")

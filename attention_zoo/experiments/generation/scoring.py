@@ -13,17 +13,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import image_tasks as dt
-from ..data import seq2seq as s2s
-from ..engine.distributed import DistInfo
-from ..engine.loop import evaluate
-from ..metrics import images as mi
-from ..metrics import text as mt
-from ..metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
-from ..results import cell_id
+from ...data import image_tasks as dt
+from ...data import seq2seq as s2s
+from ...engine.distributed import DistInfo
+from ...engine.loop import evaluate
+from ...metrics import images as mi
+from ...metrics import text as mt
+from ...metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
+from ...results import cell_id
 
 if TYPE_CHECKING:
-    from .generation import Context, ImageData, TextData
+    from .training import Context, ImageData, TextData
 
 K = 50  # the @Top-50 rules
 

@@ -37,12 +37,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import report
-from ..claims import verdict_lines
-from ..data.imagefolder import (
+from ... import report
+from ...claims import verdict_lines
+from ...data.imagefolder import (
     Mixup,
 )
-from ..engine import (
+from ...engine import (
     TrainConfig,
     TrainResult,
     discard_run,
@@ -51,14 +51,14 @@ from ..engine import (
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, broadcast_object, run_distributed
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..measure.params import count_params
-from ..models import VisionTransformer
-from ..registry import is_attention, resolved_options_json, split_options
-from ..results import ResultStore, cell_id, ensure_out_dir
-from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
-from .protocol import Plan, add_launcher_arguments, execute
+from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...measure.params import count_params
+from ...models import VisionTransformer
+from ...registry import is_attention, resolved_options_json, split_options
+from ...results import ResultStore, cell_id, ensure_out_dir
+from ..common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
+from ..protocol import Plan, add_launcher_arguments, execute
 from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
 from .table6_report import NAME, write_report
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.imagefolder import (
+from ...data.imagefolder import (
     FolderEvaluator,
     FolderSampler,
     TensorImageEvaluator,
@@ -23,8 +23,8 @@ from ..data.imagefolder import (
     load_imagefolder,
     train_transform,
 )
-from ..data.images import load_digits_images, load_images, train_val_split
-from ..engine.distributed import DistInfo, all_reduce
+from ...data.images import load_digits_images, load_images, train_val_split
+from ...engine.distributed import DistInfo, all_reduce
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

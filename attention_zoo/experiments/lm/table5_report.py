@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..claims.paired import delta_frame, delta_table
-from ..data.text import bpc
-from ..io import read_jsonl
-from ..results import ResultStore
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...claims.paired import delta_frame, delta_table
+from ...data.text import bpc
+from ...io import read_jsonl
+from ...results import ResultStore
 
 NAME = "table5_gpt2"
 REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines

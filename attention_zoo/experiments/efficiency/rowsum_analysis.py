@@ -25,19 +25,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.text import WindowSampler, load_char_corpus
-from ..envinfo import environment_record, resolve_device
-from ..measure import build_workload, count_params, guarded, measure_memory, measure_model_latency, workload_spec
-from ..models import Decoder
-from ..plots import line_plot
-from ..registry import create_attention
-from ..report import markdown_table, write_tables
-from ..results import ResultStore, ensure_out_dir
-from ..variants.damcha import metric_generator, set_block_scales
-from ..variants.damcha_generator import adam_param_groups
-from .common import base_parser, cli_main, open_store, setup_threads
-from .launchers import run_whole
-from .protocol import add_launcher_arguments
+from ...data.text import WindowSampler, load_char_corpus
+from ...envinfo import environment_record, resolve_device
+from ...measure import build_workload, count_params, guarded, measure_memory, measure_model_latency, workload_spec
+from ...models import Decoder
+from ...plots import line_plot
+from ...registry import create_attention
+from ...report import markdown_table, write_tables
+from ...results import ResultStore, ensure_out_dir
+from ...variants.damcha import metric_generator, set_block_scales
+from ...variants.damcha_generator import adam_param_groups
+from ..common import base_parser, cli_main, open_store, setup_threads
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
 
 PRESETS = {
     # d_model/heads/layers of the trained char-LM, steps of each training section, cost-section shapes

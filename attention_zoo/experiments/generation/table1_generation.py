@@ -17,11 +17,10 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import Context, train_and_score
-from .generation_common import (
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ..common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
+from .shared import (
     ANALOG,
     NOT_COMPARABLE,
     PAPER_NAMES,
@@ -39,6 +38,7 @@ from .generation_common import (
     run_cells,
     seeds_line,
 )
+from .training import Context, train_and_score
 
 NAME = "table1_generation"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")

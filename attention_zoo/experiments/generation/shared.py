@@ -19,16 +19,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import report
-from ..claims import verdict_lines
-from ..engine import parse_overrides, prune_checkpoints, result_identity
-from ..envinfo import environment_record, resolve_device
-from ..metrics import images as mi
-from ..metrics import text as mt
-from ..results import ResultStore
-from .common import open_store, positive_int
-from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
-from .protocol import Plan, add_launcher_arguments, execute
+from ... import report
+from ...claims import verdict_lines
+from ...engine import parse_overrides, prune_checkpoints, result_identity
+from ...envinfo import environment_record, resolve_device
+from ...metrics import images as mi
+from ...metrics import text as mt
+from ...results import ResultStore
+from ..common import open_store, positive_int
+from ..protocol import Plan, add_launcher_arguments, execute
+from .training import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
@@ -269,7 +269,7 @@ def paired_section(df: pd.DataFrame, metrics: dict[str, str], reference: dict, r
                    ) -> tuple[list[str], pd.DataFrame]:
     """(markdown lines, long deltas): every arm's seed-paired change vs the reference in % of the reference, with
     95 % intervals and n, for ``metrics`` {metric: "lower"|"higher"}."""
-    from ..claims.paired import delta_frame, delta_table
+    from ...claims.paired import delta_frame, delta_table
 
     sub = df[df["metric"].isin(list(metrics)) & (df["status"] == "ok")]
     deltas = delta_frame(sub, list(columns), reference, arm_cols)
