@@ -1,6 +1,6 @@
-"""The generation family (Tables 1, 3, 4, Appendices E–H): ``training`` (presets, models, data, training a cell),
-``scoring`` (the @Top-50 metrics), ``shared`` (the tables' CLI, plan and report helpers), one module per table or
-appendix, and ``metric_figures`` (Appendices F–H's heatmaps and gradient grids)."""
+"""The generation family (Tables 1, 3, 4, Appendices E–H): ``config`` (presets, the run context), ``data`` (image
+and text sets), ``training`` (models, training a cell), ``scoring`` (the @Top-50 metrics), ``shared`` (the tables'
+CLI, plan and report helpers), one module per table or appendix, and ``metric_figures`` (App. F–H's figures)."""
 
 from .. import forward_old_module
 

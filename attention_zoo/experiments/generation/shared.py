@@ -1,6 +1,6 @@
 """What the generation tables (Tables 1, 3, 4) share: their command-line arguments, the run context, the cell loop
 over the result store, report helpers and run timing. The training and scoring of one cell is in
-``generation.train_and_score``."""
+``training.train_and_score``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from ...metrics import text as mt
 from ...results import ResultStore
 from ..common import open_store, positive_int
 from ..protocol import Plan, add_launcher_arguments, execute
-from .training import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
+from .config import PRESETS, Context
+from .data import IMAGE_SETS, TEXT_SETS, DataOptions
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}

@@ -2,11 +2,11 @@
 
 Columns (docs/experiments.md §4): images MSE ↓, FID ↓, FID@Top-50 ↓ (+ feature distance); text NLL ↓, BARTScore ↑ and
 BARTScore@Top-50 ↑ under both rules (``nll_top50``, ``score_top50``), with BERTScore F1 beside it. A cell is
-(dataset, variant, flavour, seed): one training run (``generation.train_and_score``); finished cells are skipped on
+(dataset, variant, flavour, seed): one training run (``training.train_and_score``); finished cells are skipped on
 rerun and an interrupted one resumes from its checkpoint. Presets: ``smoke`` = digits (masked-patch task by default,
 ``--image-task pixel``) + the embedded concept-to-sentence task, 64 scored images / 64 scored sentences per variant
 (real-Inception FID costs ≈0.17 s per image on an idle CPU); ``paper`` = CIFAR-10/100 + WMT14 en→de + CommonGen with
-the compact repo config (see ``generation.PRESETS``). Baselines default to the ``damcha_repo`` flavour (what the
+the compact repo config (see ``config.PRESETS``). Baselines default to the ``damcha_repo`` flavour (what the
 paper ran; ``--flavour both`` adds the published methods).
 """
 
@@ -20,6 +20,7 @@ import pandas as pd
 from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
 from ..common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
+from .config import Context
 from .shared import (
     ANALOG,
     NOT_COMPARABLE,
@@ -38,7 +39,7 @@ from .shared import (
     run_cells,
     seeds_line,
 )
-from .training import Context, train_and_score
+from .training import train_and_score
 
 NAME = "table1_generation"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")

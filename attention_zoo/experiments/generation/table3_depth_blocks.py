@@ -31,7 +31,8 @@ from ...registry import get_attention_spec
 from ...variants.damcha import set_block_scales
 from ..common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
-from .training import IMAGE_SETS, train_and_score
+from .data import IMAGE_SETS
+from .training import train_and_score
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")

@@ -1,2 +1,2 @@
-"""The vision family (Table 6: ViT classification): ``table6_vit`` (cells, training), ``table6_data`` (image sets,
-loss, top-k evaluation) and ``table6_report``."""
+"""The vision family (Table 6: ViT classification): ``presets`` (models and recipes), ``table6_data`` (image sets,
+loss, top-k evaluation), ``table6_vit`` (cells, training) and ``table6_report``."""
