@@ -9,7 +9,7 @@ analytic count and FlopCounterMode's. Every row says its unit in the column name
 
 ``python -m attention_zoo.bench train …`` is the training-throughput mode: training steps per CPU-second of the
 synthetic cells per arm and path (the legacy per-cell loop, the per-seed loop, the grouped seed ensemble;
-``experiments/train_speed.py``).
+``experiments/synthetic/train_speed.py``).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/train_speed.py)
+    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/synthetic/train_speed.py)
         from .experiments.synthetic.train_speed import main as train_main
 
         return train_main(argv[1:])

@@ -105,7 +105,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              "Memory: CUDA `max_memory_allocated` (`peak_alloc_mib`) or, on CPU, the process's VmHWM after a "
              "clear_refs reset at the start of the cell (`peak_rss_mib`, includes interpreter, torch and corpus; "
              "not comparable with CUDA numbers). Baselines run in the flavour shown. Presets and the DAMCHA "
-             "generator configuration: attention_zoo/experiments/table5_gpt2.py.",
+             "generator configuration: attention_zoo/experiments/lm/table5_gpt2.py.",
              "## Verdicts on the paper's claims (Table 5)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired change vs MHA/paper (% of MHA's value; mean [95 % interval] (n seeds); lower is "

@@ -2,9 +2,9 @@
 (accuracy vs d_e), each arm on the same tiny encoder, paired by seed.
 
 Tasks: ``attention_zoo.data.synthetic`` (equations in its docstring; the paper gives no generators [U]). Model:
-``synthetic_fit.SyntheticModel``, an ``AttentionStack(d_model=4·d_e, n_heads=4, norm="pre")`` fed the raw features
+``fit.SyntheticModel``, an ``AttentionStack(d_model=4·d_e, n_heads=4, norm="pre")`` fed the raw features
 (no input projection, so head i's positional slice is subspace i), a final LayerNorm, mean pooling and a linear
-head. Training (``synthetic_fit``): the seeds of one (task, setting, arm) train together as one grouped model where
+head. Training (``fit``): the seeds of one (task, setting, arm) train together as one grouped model where
 the arm allows it (same results as one by one), with early stopping on a validation split in the ``decide`` preset.
 
 Presets: ``smoke`` (every variant, 200 steps: far from a plateau, a pipeline check), ``decide`` (MHA, DAMCHA and the
