@@ -272,7 +272,10 @@ def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter,
+                                epilog="python -m attention_zoo.bench train [...]: the training-throughput mode "
+                                       "(CPU time per seed-step of the synthetic sweeps' models); train --help "
+                                       "lists its flags")
     p.add_argument("--variants", default="*", help="comma-separated names or wildcards; MHA is always added")
     p.add_argument("--flavor", "--flavour", dest="flavor", choices=("paper", "damcha_repo", "both"), default="paper",
                    help="baseline flavour(s); variants without the flavour run their paper method")

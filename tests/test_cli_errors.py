@@ -61,7 +61,7 @@ def main_of(script):
 def test_our_errors_are_one_line(script, argv, start, tmp_path, capsys):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--out", str(tmp_path / "out"), "--quiet"]
     if script == "run_all":
-        argv = argv[:2] + ["--results", str(tmp_path / "out")]
+        argv = argv[:2] + ["--out", str(tmp_path / "out")]
     assert main_of(script)(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {start}"), err

@@ -3,6 +3,7 @@ experiments' modules nor between the head-mix kernels, and no experiment family 
 import paths still work for one release, with a DeprecationWarning."""
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,55 @@ def test_every_moved_module_has_a_new_home():
     readme = (ROOT / "README.md").read_text()
     changelog = readme[readme.index("## Changelog"):]
     assert all(f"experiments.{old}" in changelog and f"experiments.{new}" in changelog for old, new in MOVED.items())
+
+
+def _listing(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"" for p in sorted(root.rglob("*"))}
+
+
+def test_dry_run_lists_cells_skips_and_cost_and_writes_nothing(tmp_path, capsys):
+    """On a copy of the committed Table 6 store: the finished seeds are skipped, a new seed would run, priced from
+    the store's own timings; not a byte changes. On a fresh --out: nothing is created."""
+    from attention_zoo.experiments.generation import table3_depth_blocks
+    from attention_zoo.experiments.vision import table6_vit
+
+    out = tmp_path / "table6_vit"
+    shutil.copytree(ROOT / "results" / "table6_vit", out)
+    before = _listing(tmp_path)
+    assert table6_vit.main(["--dry-run", "--out", str(out), "--variants", "mha,damcha", "--flavour", "paper",
+                            "--seeds", "0,1,2", "3", "--device", "cpu", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "would run: 2" in text and "would skip (finished): 6" in text and "seed=3" in text
+    assert "data: digits" in text and "2 same kind" in text
+    assert _listing(tmp_path) == before
+
+    fresh = tmp_path / "fresh"
+    assert table3_depth_blocks.main(["--dry-run", "--out", str(fresh), "--depths", "1", "2", "--seeds", "0",
+                                     "--device", "cpu", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "would run: 2" in text and "would skip (finished): 0" in text and "estimate:" in text
+    assert not fresh.exists() and _listing(tmp_path) == before
+
+
+def test_all_py_dry_run_plans_each_script_and_warns_of_a_paper_preset_on_cpu(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "reproduce" / "all.py"), "--dry-run", "--preset", "paper",
+                          "--device", "cpu", "--out", str(tmp_path / "r"), "--only", "synthetic,benchmark"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "== synthetic:" in res.stdout and "would run: 385" in res.stdout and "== benchmark:" in res.stdout
+    assert "warning: the paper preset would train on a CPU" in res.stdout
+    assert not (tmp_path / "r").exists()
+
+
+def test_old_flag_spellings_parse_with_a_deprecation_note(capsys):
+    from attention_zoo.experiments.efficiency.table7_complexity import build_parser as table7
+    from attention_zoo.experiments.lm.table5_gpt2 import build_parser as table5
+
+    args = table5().parse_args(["--max-steps", "7", "--seeds", "0,1", "2", "--datasets", "shakespeare"])
+    assert (args.max_steps, args.seeds, args.datasets, args.flavour) == (7, [0, 1, 2], "shakespeare", "paper")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-steps is deprecated" in err and "use --steps" in err
+    assert table5().parse_args(["--preset", "paper"]).seeds == [0, 1, 2, 3, 4]  # five seeds where no preset says
+    assert table5().parse_args([]).seeds == [0]
+    assert table7().parse_args(["--seq-lens", "16,32", "64"]).seq_lens == [16, 32, 64]
+    assert capsys.readouterr().err == ""

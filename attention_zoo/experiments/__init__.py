@@ -1,6 +1,6 @@
 """The experiments floor: the framework at this level (``protocol``: the Experiment protocol and its registry;
-``launchers``; ``run_all``: the ``reproduce/all.py`` driver; ``results_index``; ``common``: the shared flags, the
-dry-run plan and the store's provenance) and one package per experiment family (``synthetic``, ``generation``,
+``launchers``; ``run_all``: the ``reproduce/all.py`` driver; ``results_index``; ``common``: the shared flags and
+the store's provenance; ``dryrun``: ``--dry-run``) and one package per experiment family (``synthetic``, ``generation``,
 ``lm``, ``vision``, ``efficiency``). A family imports the framework and the layers below, never another family.
 
 The modules of the flat layout (``attention_zoo.experiments.<module>``) moved into the family packages; their old

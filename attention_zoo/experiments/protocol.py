@@ -107,6 +107,10 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
     ``finish``'s."""
     from .launchers import launcher_for
 
+    if getattr(args, "dry_run", False):  # the plan, printed (experiment_main made this call read-only)
+        from .dryrun import show_plan
+
+        return show_plan(plan, args, name)
     store = plan.store
     todo = [[c for c in unit if store.claim(c)] for unit in plan.units]
     todo = [u for u in todo if u]

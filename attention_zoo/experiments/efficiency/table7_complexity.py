@@ -35,7 +35,7 @@ from ...measure.complexity import FORMULAS, complexity_frame, params_frame
 from ...plots import line_plot
 from ...registry import get_attention_spec, is_attention
 from ...report import markdown_table, write_tables
-from ..common import base_parser, cli_main, open_store, positive_int, setup_threads
+from ..common import ListAction, base_parser, experiment_main, open_store, positive_int, setup_threads
 from ..launchers import run_whole
 from ..protocol import add_launcher_arguments
 from .timing import (
@@ -186,8 +186,8 @@ def build_parser():
                     seeds=False)
     p.set_defaults(flavour="paper")
     p.add_argument("--causal", choices=("both", "true", "false"), default="both", help="masking of the sweep")
-    p.add_argument("--seq-lens", type=positive_int, nargs="+", default=None, help="override the T sweep")
-    p.add_argument("--d-models", type=positive_int, nargs="+", default=None, help="override the D sweep")
+    p.add_argument("--seq-lens", action=ListAction, item=positive_int, default=None, help="override the T sweep")
+    p.add_argument("--d-models", action=ListAction, item=positive_int, default=None, help="override the D sweep")
     add_measure_arguments(p)
     return add_launcher_arguments(p)
 
@@ -290,6 +290,6 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
     ])
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job

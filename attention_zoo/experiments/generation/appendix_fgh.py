@@ -35,7 +35,7 @@ from ...envinfo import environment_record, resolve_device, set_seed
 from ...io import atomic_write_json
 from ...report import write_tables
 from ...results import ensure_out_dir
-from ..common import base_parser, cli_main, open_store, positive_int, setup_threads
+from ..common import base_parser, experiment_main, open_store, positive_int, setup_threads
 from ..protocol import Plan, add_launcher_arguments, execute
 from .config import PRESETS
 from .data import DataOptions, load_data
@@ -202,6 +202,6 @@ def build_parser():
     return add_launcher_arguments(p)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

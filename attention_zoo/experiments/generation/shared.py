@@ -26,7 +26,7 @@ from ...envinfo import environment_record, resolve_device
 from ...metrics import images as mi
 from ...metrics import text as mt
 from ...results import ResultStore
-from ..common import open_store, positive_int
+from ..common import ListAction, open_store, positive_int
 from ..protocol import Plan, add_launcher_arguments, execute
 from .config import PRESETS, Context
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions
@@ -63,8 +63,8 @@ def _register_tiny_extractor() -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {', '.join(IMAGE_SETS + TEXT_SETS)} "
-                   "(default: the preset's)")
+    p.add_argument("--datasets", action=ListAction, join=True, default=None,
+                   help=f"subset of {', '.join(IMAGE_SETS + TEXT_SETS)} (default: the preset's)")
     p.add_argument("--image-task", choices=("patch", "pixel"), default="patch",
                    help="patch: the authors' masked 4×4-patch reconstruction; pixel: autoregressive RGB332 tokens")
     p.add_argument("--pixel-mode", choices=("rgb332", "gray", "channels"), default="rgb332", help="pixel tokens")

@@ -30,8 +30,9 @@ from ...measure.status import free_memory, is_oom, short_message
 from ...registry import resolved_options_json, split_options
 from ...results import digest
 from ..common import (
+    ListAction,
     base_parser,
-    cli_main,
+    experiment_main,
     non_negative_float,
     open_store,
     positive_int,
@@ -168,10 +169,10 @@ def build_parser():
     p = base_parser(NAME, "Appendix I, Figures 12–13: synthetic regression (λ sweep) and classification (d_e "
                           "sweep), paired by seed.", presets=PRESET_NAMES)
     p.set_defaults(flavour="paper", variants=None, seeds=None)
-    p.add_argument("--lambda", dest="lambdas", type=non_negative_float, nargs="+", default=None,
+    p.add_argument("--lambda", dest="lambdas", action=ListAction, item=non_negative_float, default=None,
                    help="regression cross-term weights λ, each finite and >= 0 (default: the preset's grid, 0 … 1 "
                         "step 0.2). Naming it alone runs only the regression sweep")
-    p.add_argument("--de", type=positive_int, nargs="+", default=None,
+    p.add_argument("--de", action=ListAction, item=positive_int, default=None,
                    help="classification subspace widths d_e, D = 4·d_e (default 4 8 12 16 20). Naming it alone "
                         "runs only the classification sweep")
     p.add_argument("--task", choices=("auto", "regression", "classification", "both"), default="auto",
@@ -232,6 +233,6 @@ def run(args) -> int:
     return execute(plan(args), args, NAME)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -54,7 +54,17 @@ from ...measure.params import count_params
 from ...models import VisionTransformer
 from ...registry import is_attention, resolved_options_json, split_options
 from ...results import ResultStore, cell_id, ensure_out_dir
-from ..common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
+from ..common import (
+    FIVE_SEEDS,
+    ListAction,
+    base_parser,
+    experiment_main,
+    positive_int,
+    run_context,
+    select_variants,
+    setup_threads,
+    variant_flavours,
+)
 from ..protocol import Plan, add_launcher_arguments, execute
 from .presets import PRESETS, Preset
 from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
@@ -64,8 +74,8 @@ DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
 
 
 def build_parser():
-    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0])
-    p.set_defaults(variants=None, flavour="damcha_repo")
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS})
+    p.set_defaults(variants=None)
     for action in p._actions:  # base_parser knows smoke/paper only; this table adds a mid-size preset
         if action.dest == "preset":
             action.choices = tuple(PRESETS)
@@ -73,7 +83,7 @@ def build_parser():
     p.add_argument("--data-dir", default=None, help="ImageNet root (train/ and val/ class folders) or where CIFAR is "
                    "(or gets downloaded); default $ATTENTION_ZOO_DATA or ~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading CIFAR")
-    p.add_argument("--epochs", type=positive_int, nargs="+", default=None,
+    p.add_argument("--epochs", action=ListAction, item=positive_int, default=None,
                    help="training lengths (default: the preset's)")
     p.add_argument("--steps", type=positive_int, default=None, help="override the optimizer steps of every cell")
     p.add_argument("--batch-size", type=positive_int, default=None,
@@ -89,7 +99,8 @@ def build_parser():
                    help="TrainConfig overrides, e.g. --train amp=off grad_accum=4 stop_at=100")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
-    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered), damcha_repo flavour where a baseline has one. "
+    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines as "
+                "the paper ran them (reproduce/all.py --preset paper does). "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
     return add_launcher_arguments(p)
 
@@ -174,7 +185,7 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
-    if args.launcher == "submitit":
+    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
         return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
 
@@ -276,6 +287,6 @@ def plan(args) -> Plan:
                 describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']} e{u[0]['epochs']} s{u[0]['seed']}")
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
