@@ -216,3 +216,11 @@ def test_old_flag_spellings_parse_with_a_deprecation_note(capsys):
     assert table5().parse_args([]).seeds == [0]
     assert table7().parse_args(["--seq-lens", "16,32", "64"]).seq_lens == [16, 32, 64]
     assert capsys.readouterr().err == ""
+
+
+def test_all_py_takes_its_old_results_flag_with_a_note(tmp_path, capsys):
+    from attention_zoo.experiments import run_all
+
+    assert run_all.main(["--index-only", "--results", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "README.md").is_file()
+    assert "--results is deprecated" in capsys.readouterr().err
