@@ -9,9 +9,9 @@ analytic count and FlopCounterMode's. Every row says its unit in the column name
 
 ``python -m attention_zoo.bench train …`` is the training-throughput mode: training steps per CPU-second of the
 synthetic cells per arm and path (the legacy per-cell loop, the per-seed loop, the grouped seed ensemble;
-``experiments/train_speed.py``). ``python -m attention_zoo.bench compare BASE.csv NEW.csv`` compares two saved runs
-case by case and exits 1 on a regression beyond noise (``measure/compare.py``); ``python -m attention_zoo.bench
-decode`` times cached generation per token against the context length (``measure/decode.py``).
+``experiments/synthetic/train_speed.py``). ``python -m attention_zoo.bench compare BASE.csv NEW.csv`` compares two
+saved runs case by case and exits 1 on a regression beyond noise (``measure/compare.py``); ``python -m
+attention_zoo.bench decode`` times cached generation per token against the context length (``measure/decode.py``).
 """
 
 from __future__ import annotations
@@ -274,7 +274,10 @@ def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter,
+                                epilog="python -m attention_zoo.bench train [...]: the training-throughput mode "
+                                       "(CPU time per seed-step of the synthetic sweeps' models); train --help "
+                                       "lists its flags")
     p.add_argument("--variants", default="*", help="comma-separated names or wildcards; MHA is always added")
     p.add_argument("--flavor", "--flavour", dest="flavor", choices=("paper", "damcha_repo", "both"), default="paper",
                    help="baseline flavour(s); variants without the flavour run their paper method")
@@ -303,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/train_speed.py)
-        from .experiments.train_speed import main as train_main
+    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/synthetic/train_speed.py)
+        from .experiments.synthetic.train_speed import main as train_main
 
         return train_main(argv[1:])
     if argv[:1] == ["decode"]:  # cached generation: per-token latency and memory vs context (measure/decode.py)

@@ -1,11 +1,34 @@
-"""Crash-safe file output: atomic replace for whole files, fsync'd appends for JSONL logs."""
+"""Crash-safe file output: atomic replace for whole files, fsync'd appends for JSONL logs; ``read_only()``, under
+which every write here raises (a ``--dry-run`` writes nothing, and the result store creates no folder or lock)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import tempfile
 from pathlib import Path
+
+_READ_ONLY = contextvars.ContextVar("attention_zoo_read_only", default=False)
+
+
+@contextlib.contextmanager
+def read_only():
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
+
+def is_read_only() -> bool:
+    return _READ_ONLY.get()
+
+
+def _check_writable(path) -> None:
+    if _READ_ONLY.get():
+        raise RuntimeError(f"read-only (--dry-run): would write {path}")
 
 
 def _umask() -> int:
@@ -30,6 +53,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write to a temp file in the same directory, fsync, then os.replace onto ``path``. The file gets the mode a
     new file gets from ``open()`` (0666 minus the umask)."""
     path = Path(path)
+    _check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -71,6 +95,7 @@ def atomic_savefig(fig, path: str | os.PathLike, **kwargs) -> Path:
 def append_jsonl(path: str | os.PathLike, obj) -> None:
     """Append one JSON object as a line, flushed and fsync'd (the raw log survives a crash)."""
     path = Path(path)
+    _check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(obj, sort_keys=True, default=str) + "\n")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .io import append_jsonl, atomic_write_text, repair_tail, scan_jsonl
+from .io import append_jsonl, atomic_write_text, is_read_only, repair_tail, scan_jsonl
 
 STATUSES = ("ok", "oom", "unsupported", "nan", "error")
 REQUIRED = {"cell": ("cell_id", "cell", "rows", "context_id", "run_id"), "run": ("run_id", "env", "context_id")}
@@ -57,6 +57,8 @@ def ensure_out_dir(out: str | os.PathLike, arg: str = "out") -> Path:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{arg}: {str(path)!r} exists and is not a directory")
+    if is_read_only():  # a dry run: the folder is neither created nor probed
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / f".write-test-{os.getpid()}", "w") as f:
@@ -154,6 +156,9 @@ class ResultStore:
     # ---- file access ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self):
+        if is_read_only():  # a dry run only reads: no lock file, no repair
+            yield
+            return
         with open(self._lock_path, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
@@ -163,12 +168,13 @@ class ResultStore:
 
     def _load(self) -> None:
         """(Under the lock.) Repair a torn tail, move malformed lines aside, index cells and runs."""
-        repair_tail(self.path)
+        if not is_read_only():
+            repair_tail(self.path)
         good, bad = scan_jsonl(self.path)
         records = [(no, rec) for no, rec in good if _valid(rec)]  # a JSON object without its keys is bad too
         invalid = [(no, rec) for no, rec in good if not _valid(rec)]
         moved = sorted(bad + [(no, json.dumps(rec, sort_keys=True)) for no, rec in invalid])
-        if moved:
+        if moved and not is_read_only():
             for no, text in moved:
                 append_jsonl(self.corrupt_path, {"line": no, "text": text, "moved_utc": time.strftime("%FT%TZ",
                                                                                                     time.gmtime())})

@@ -9,7 +9,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.rowsum_analysis import main  # noqa: E402
+from attention_zoo.experiments.efficiency.rowsum_analysis import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@
     python reproduce/synthetic.py --de 4 8 12 16 20     # classification sweep only
     python reproduce/synthetic.py --preset paper        # both sweeps at the paper-like configuration
 
-See attention_zoo/experiments/synthetic.py for the presets and attention_zoo/data/synthetic.py for the
+See attention_zoo/experiments/synthetic/sweep.py for the presets and attention_zoo/data/synthetic.py for the
 generators; --help for every flag.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.synthetic import main  # noqa: E402
+from attention_zoo.experiments.synthetic.sweep import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@
     python reproduce/table1_generation.py --preset paper --device cuda
     python reproduce/table1_generation.py --image-task pixel --image-size 16 --variants mha,damcha
 
-See attention_zoo/experiments/table1_generation.py and generation.py for presets; --help for every flag.
+See attention_zoo/experiments/generation/table1_generation.py and generation.py for presets; --help for every flag.
 """
 
 import os
@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from attention_zoo.experiments.table1_generation import main  # noqa: E402
+from attention_zoo.experiments.generation.table1_generation import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@
     python reproduce/table2_efficiency.py --device cuda         # compact config at the paper's batches
     python reproduce/table2_efficiency.py --preset paper --device cuda   # Section 5.1 model
 
-See attention_zoo/experiments/table2_efficiency.py for what is measured and how; --help for every flag.
+See attention_zoo/experiments/efficiency/table2_efficiency.py for what is measured and how; --help for every flag.
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.table2_efficiency import main  # noqa: E402
+from attention_zoo.experiments.efficiency.table2_efficiency import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,7 @@
     python reproduce/table3_depth_blocks.py                  # smoke preset (minutes on a CPU)
     python reproduce/table3_depth_blocks.py --preset paper --device cuda
 
-See attention_zoo/experiments/table3_depth_blocks.py; --help for every flag.
+See attention_zoo/experiments/generation/table3_depth_blocks.py; --help for every flag.
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from attention_zoo.experiments.table3_depth_blocks import main  # noqa: E402
+from attention_zoo.experiments.generation.table3_depth_blocks import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

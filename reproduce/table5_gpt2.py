@@ -5,7 +5,7 @@
     python reproduce/table5_gpt2.py --preset paper --device cuda
     torchrun --nproc_per_node=8 reproduce/table5_gpt2.py --preset paper
 
-See attention_zoo/experiments/table5_gpt2.py for the presets; --help for every flag.
+See attention_zoo/experiments/lm/table5_gpt2.py for the presets; --help for every flag.
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.table5_gpt2 import main  # noqa: E402
+from attention_zoo.experiments.lm.table5_gpt2 import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

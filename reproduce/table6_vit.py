@@ -6,7 +6,7 @@
     python reproduce/table6_vit.py --preset paper --data-dir /data/imagenet --epochs 100
     torchrun --nproc_per_node=8 reproduce/table6_vit.py --preset paper --data-dir /data/imagenet
 
-See attention_zoo/experiments/table6_vit.py for the presets and the DeiT-style recipe; --help for every flag.
+See attention_zoo/experiments/vision/table6_vit.py for the presets and the DeiT-style recipe; --help for every flag.
 """
 
 import os
@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.table6_vit import main  # noqa: E402
+from attention_zoo.experiments.vision.table6_vit import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ attention, and parameter counts under the readings of P.
     python reproduce/table7_complexity.py --device cpu          # smoke: T up to 1024, D up to 128, ~3 min
     python reproduce/table7_complexity.py --preset paper --device cuda   # T 128…4096 at D=512
 
-See attention_zoo/experiments/table7_complexity.py; --help for every flag.
+See attention_zoo/experiments/efficiency/table7_complexity.py; --help for every flag.
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attention_zoo.experiments.table7_complexity import main  # noqa: E402
+from attention_zoo.experiments.efficiency.table7_complexity import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -181,7 +181,7 @@ def test_the_trivial_references_that_tables_5_and_6_store():
     import torch
 
     from attention_zoo.data.text import CharCorpus
-    from attention_zoo.experiments.table6_data import majority_top1
+    from attention_zoo.experiments.vision.table6_data import majority_top1
     corpus = CharCorpus("x", b"ab", [np.array([0, 0, 0, 1])], {}, {"x": np.array([0, 1])})
     assert corpus.unigram_loss("test", "x") == pytest.approx(-(math.log(4 / 6) + math.log(2 / 6)) / 2)
     assert majority_top1(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1, 1])) == 25.0

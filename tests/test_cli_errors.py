@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from attention_zoo.experiments.common import parse_extra_configs
+from attention_zoo.experiments.protocol import EXPERIMENTS
 from attention_zoo.registry import _parse_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +52,16 @@ ARGPARSE_ERRORS = [(s, ["--threads", "0"]) for s in SCRIPTS if s != "run_all"] +
 
 
 def main_of(script):
-    module = "run_all" if script == "run_all" else script
-    return importlib.import_module(f"attention_zoo.experiments.{module}").main
+    if script == "run_all":
+        return importlib.import_module("attention_zoo.experiments.run_all").main
+    return EXPERIMENTS[script].load().main
 
 
 @pytest.mark.parametrize("script,argv,start", OUR_ERRORS, ids=[f"{s}-{a[-1]}" for s, a, _ in OUR_ERRORS])
 def test_our_errors_are_one_line(script, argv, start, tmp_path, capsys):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--out", str(tmp_path / "out"), "--quiet"]
     if script == "run_all":
-        argv = argv[:2] + ["--results", str(tmp_path / "out")]
+        argv = argv[:2] + ["--out", str(tmp_path / "out")]
     assert main_of(script)(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {start}"), err

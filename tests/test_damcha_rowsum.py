@@ -161,7 +161,7 @@ def test_rowsum_linear_function_matches_autograd_through_the_fold(scaled):
 
 
 def test_rowsum_report_keeps_the_final_diag_vs_full_rows_and_draws_every_curve(tmp_path, monkeypatch):
-    from attention_zoo.experiments import rowsum_analysis as ra
+    from attention_zoo.experiments.efficiency import rowsum_analysis as ra
 
     monkeypatch.setitem(ra.PRESETS, "smoke", {**ra.PRESETS["smoke"], "diag_steps": 2, "probes": 2})
     assert ra.main(["--sections", "diag_vs_full", "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0

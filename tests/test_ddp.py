@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attention_zoo.experiments import table5_gpt2
+from attention_zoo.experiments.lm import table5_gpt2 as table5_gpt2
 from attention_zoo.io import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from attention_zoo import plots, report  # noqa: E402
-from attention_zoo.experiments import table2_efficiency, table7_complexity  # noqa: E402
+from attention_zoo.experiments.efficiency import table2_efficiency, table7_complexity  # noqa: E402
 from attention_zoo.registry import list_attentions  # noqa: E402
 
 PAPER_METHODS = ("mha", "tha", "dcmha", "colmha", "mma", "moa", "damcha")
@@ -167,7 +167,7 @@ def test_kde_of_non_negative_scores_is_bounded_at_zero():
 
 
 def test_appendix_e_kdes_stay_in_each_scores_range_and_state_n(figures, tmp_path, monkeypatch):
-    from attention_zoo.experiments import appendix_e_kde
+    from attention_zoo.experiments.generation import appendix_e_kde as appendix_e_kde
 
     monkeypatch.setattr(appendix_e_kde, "atomic_savefig", plots.atomic_savefig)  # the fixture's keeper
 

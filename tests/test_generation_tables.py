@@ -18,13 +18,9 @@ import torch.nn.functional as F
 from attention_zoo.claims import CLAIMS, decide
 from attention_zoo.claims.data import read_store
 from attention_zoo.data.seq2seq import IGNORE_INDEX
-from attention_zoo.experiments import (
-    appendix_e_kde,
-    generation,
-    generation_common,
-    table1_generation,
-    table3_depth_blocks,
-)
+from attention_zoo.experiments.generation import appendix_e_kde, table1_generation, table3_depth_blocks
+from attention_zoo.experiments.generation import shared as generation_common
+from attention_zoo.experiments.generation import training as generation
 from attention_zoo.io import read_jsonl
 from attention_zoo.metrics.topk import feature_top50, mse_top50, nll_top50, read_per_sample, score_top50
 from attention_zoo.results import ResultStore

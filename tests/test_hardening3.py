@@ -21,7 +21,11 @@ from torch import nn
 import attention_zoo as zoo
 from attention_zoo import _tvhook, bench, plugins, registry
 from attention_zoo.data.fetch import DatasetError, download
-from attention_zoo.experiments import run_all, synthetic, table5_gpt2, table6_vit, table7_complexity
+from attention_zoo.experiments import run_all
+from attention_zoo.experiments.efficiency import table7_complexity
+from attention_zoo.experiments.lm import table5_gpt2
+from attention_zoo.experiments.synthetic import sweep as synthetic
+from attention_zoo.experiments.vision import table6_vit
 from attention_zoo.io import atomic_write_csv, atomic_write_text, read_jsonl
 from attention_zoo.measure import guarded, measure_latency, memory_item, quick, workload_spec
 from attention_zoo.metrics import images as mi
@@ -117,7 +121,7 @@ TINY_QUICK = ["--batch", "1", "--seq-len", "8", "--d-model", "8", "--heads", "2"
     ("bench", "--results-file", "blocked/sub/rows.csv"), ("bench", "--plot", "blocked/sub/b.png"),
     ("bench", "--plot", "b.notanimage"), ("bench", "--results-file", "."),
     ("quick", "--csv", "blocked/q.csv"), ("quick", "--md", "blocked/q.md"), ("quick", "--plot", "blocked/q.png"),
-    ("all", "--results", "blocked/results")])
+    ("all", "--out", "blocked/results")])
 def test_unwritable_output_paths_are_refused_before_any_work(tmp_path, capsys, cli, option, bad):
     (tmp_path / "blocked").write_text("a file, so nothing can be created under it")
     main, base = {"bench": (bench.main, TINY_BENCH), "quick": (quick.main, TINY_QUICK),
@@ -333,7 +337,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_kill_9_of_reproduce_all_takes_the_running_script_with_it(tmp_path):
     parent = subprocess.Popen([sys.executable, str(ROOT / "reproduce" / "all.py"), "--preset", "tiny", "--only",
-                               "synthetic", "--device", "cpu", "--results", str(tmp_path)],
+                               "synthetic", "--device", "cpu", "--out", str(tmp_path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     script = []
     try:

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 
-from attention_zoo.experiments import table2_efficiency as t2
+from attention_zoo.experiments.efficiency import table2_efficiency as t2
 from attention_zoo.measure.latency import LatencyResult, check_consistency, measure_latency, warn_unstable
 from attention_zoo.report import UNSTABLE_MARK, comparison_frame, format_comparison, mark_values, write_tables
 
@@ -132,7 +132,7 @@ def test_table2_memory_ratio_says_what_was_measured():
 
 
 def test_table2_compares_the_paper_gflops_like_for_like_and_explains_counter_gaps():
-    from attention_zoo.experiments.table2_report import gap_notes
+    from attention_zoo.experiments.efficiency.table2_report import gap_notes
 
     rows = [{"variant": v, "flavour": "paper", "seq_len": 64, "metric": "fwd_gflops_analytic", "value": g,
              "status": "ok", "unit": "GFLOP", "setting": "CIFAR-10/100"}

@@ -15,8 +15,8 @@ import pytest
 import submitit  # noqa: F401  (the dev extra installs it: a missing submitit fails here instead of skipping)
 import torch
 
-from attention_zoo.experiments import synthetic as exp
 from attention_zoo.experiments.protocol import EXPERIMENTS, execute
+from attention_zoo.experiments.synthetic import sweep as exp
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--variants", "mha,damcha", "--seeds", "0", "1", "--lambda", "1", "--task", "regression", "--workers", "1",

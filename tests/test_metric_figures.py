@@ -5,7 +5,11 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import attention_zoo as zoo
-from attention_zoo.experiments.metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
+from attention_zoo.experiments.generation.metric_figures import (
+    block_gradient_norms,
+    gradient_grid_plot,
+    metric_heatmaps,
+)
 
 D, H, V = 16, 4, 20
 

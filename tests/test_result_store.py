@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from attention_zoo.experiments import common
-from attention_zoo.experiments import synthetic as syn_exp
+from attention_zoo.experiments.synthetic import sweep as syn_exp
 from attention_zoo.results import ResultStore, ensure_out_dir
 
 ROOT = Path(__file__).resolve().parent.parent

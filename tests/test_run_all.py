@@ -23,7 +23,7 @@ def test_smoke_preset_covers_the_paper():
         seeds = args[args.index("--seeds") + 1:]
         assert len(seeds) >= 3 and args[args.index("--flavour") + 1] == "both"
         assert "--variants" not in args or args[args.index("--variants") + 1] == "*,controls"  # + the control arms
-    from attention_zoo.experiments.synthetic import PRESETS
+    from attention_zoo.experiments.synthetic.sweep import PRESETS
 
     assert PRESETS["smoke"].lambdas == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with λ = 0.2
     assert PRESETS["smoke"].des == (4, 8, 12, 16, 20)
@@ -52,7 +52,7 @@ def test_all_py_passes_the_launcher_to_the_experiments_only():
 def test_all_py_tiny_writes_every_section_and_figure(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"}
     proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "all.py"), "--preset", "tiny", "--device", "cpu",
-                           "--threads", "1", "--results", str(tmp_path)], capture_output=True, text=True, env=env,
+                           "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert set(missing_outputs(tmp_path)) == TINY_MISSING
@@ -70,6 +70,6 @@ def test_all_py_tiny_writes_every_section_and_figure(tmp_path):
     assert "python reproduce/all.py --preset tiny" in readme and run["git_commit"] in readme
     assert "whole run:" in readme and "| `table1_generation` |" in readme
     # rebuilding the index alone keeps the recorded timings
-    assert subprocess.run([sys.executable, str(ROOT / "reproduce" / "all.py"), "--index-only", "--results",
+    assert subprocess.run([sys.executable, str(ROOT / "reproduce" / "all.py"), "--index-only", "--out",
                            str(tmp_path)], env=env, capture_output=True).returncode == 0
     assert "| `table1_generation` |" in (tmp_path / "README.md").read_text()

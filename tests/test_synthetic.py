@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from attention_zoo.data import synthetic as syn
-from attention_zoo.experiments import synthetic as exp
-from attention_zoo.experiments import synthetic_report as stats
+from attention_zoo.experiments.synthetic import report as stats
+from attention_zoo.experiments.synthetic import sweep as exp
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from attention_zoo.experiments import synthetic as exp
-from attention_zoo.experiments.synthetic_fit import Fit, Group, Task, ensemble_parts
+from attention_zoo.experiments.synthetic import sweep as exp
+from attention_zoo.experiments.synthetic.fit import Fit, Group, Task, ensemble_parts
 from attention_zoo.measure.flops import analytic_flops
 
 CPU = torch.device("cpu")

@@ -10,8 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from attention_zoo.experiments.paper_flops import PAPER_METHODS, PAPER_QUOTED_GFLOPS, paper_gflops, paper_macs
-from attention_zoo.experiments.table2_efficiency import NAME, paper_comparison, wide_frame
+from attention_zoo.experiments.efficiency.paper_flops import (
+    PAPER_METHODS,
+    PAPER_QUOTED_GFLOPS,
+    paper_gflops,
+    paper_macs,
+)
+from attention_zoo.experiments.efficiency.table2_efficiency import NAME, paper_comparison, wide_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 

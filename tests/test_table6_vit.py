@@ -27,7 +27,7 @@ from attention_zoo.data.imagefolder import (
     train_transform,
 )
 from attention_zoo.engine.distributed import DistInfo
-from attention_zoo.experiments import table6_vit as t6
+from attention_zoo.experiments.vision import table6_vit as t6
 from attention_zoo.io import read_jsonl
 from attention_zoo.models import ModelOutput
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attention_zoo.experiments.table7_complexity import NAME, fit_slopes, slopes_wide
+from attention_zoo.experiments.efficiency.table7_complexity import NAME, fit_slopes, slopes_wide
 from attention_zoo.measure.complexity import complexity_numbers, generator_cost, params_frame
 
 ROOT = Path(__file__).resolve().parents[1]

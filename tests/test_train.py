@@ -27,7 +27,7 @@ from attention_zoo.engine import (
     save_checkpoint,
     train,
 )
-from attention_zoo.experiments import table5_gpt2
+from attention_zoo.experiments.lm import table5_gpt2 as table5_gpt2
 from attention_zoo.io import read_jsonl
 from attention_zoo.models import Decoder, ModelOutput
 

@@ -1,8 +1,15 @@
-"""Shared CLI flags, variant selection and result-store provenance for the reproduce scripts."""
+"""Shared CLI flags, variant selection and result-store provenance for the reproduce scripts.
+
+One set of flags (``base_parser``): ``--device``, ``--preset``, ``--out``, ``--seeds``, ``--variants``, ``--flavour``
+(default ``paper`` everywhere), ``--threads``, ``--quiet``, ``--include``, ``--fresh``, ``--dry-run`` and the
+launcher's; a script adds its own with the same spellings (``--steps``, ``--datasets``, ``--data-dir``,
+``--no-download``). Every list flag takes its items space- or comma-separated (``ListAction``); old spellings
+still parse for one release and print a one-line deprecation note (``ExperimentParser.rename``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -20,19 +27,66 @@ from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads r
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, parse_option_rows, resolved_options, select_attentions
 from ..results import ResultStore
+from .dryrun import experiment_main  # noqa: F401 - re-exported: the experiments' main decorator
 from .protocol import LAUNCH_OPTIONS
 
 PRESETS = ("smoke", "paper")
+FIVE_SEEDS = [0, 1, 2, 3, 4]  # what a verdict needs (docs/claims.md)
 
 
-def base_parser(name: str, description: str, default_seeds: list[int] | None = None, *, seeds: bool = True,
-                variants: bool = True, presets: tuple[str, ...] = PRESETS) -> argparse.ArgumentParser:
+class ListAction(argparse.Action):
+    """A list flag whose items come space- or comma-separated (``--seeds 0 1 2`` = ``--seeds 0,1,2``), each
+    converted by ``item``. ``join=True``: the value stays one comma-separated string, as these flags always
+    stored it (``--variants``, ``--datasets``, ``--depths``), so the stores keyed by it stay valid."""
+
+    def __init__(self, option_strings, dest, item=str, join: bool = False, **kwargs):
+        super().__init__(option_strings, dest, nargs="+", **kwargs)
+        self.item, self.join = item, join
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.join:
+            setattr(namespace, self.dest, ",".join(values))
+            return
+        try:
+            setattr(namespace, self.dest, [self.item(v) for raw in values for v in raw.split(",") if v.strip()])
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+
+
+class ExperimentParser(argparse.ArgumentParser):
+    """The reproduce scripts' parser: ``rename(old, new)`` keeps an old flag spelling working for one release (a
+    one-line note on stderr says it is deprecated); ``preset_seeds`` gives ``--seeds`` a default per preset."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renamed: dict[str, str] = {}
+        self.preset_seeds: dict[str, list[int]] | None = None
+
+    def rename(self, old: str, new: str) -> None:
+        self._option_string_actions[old] = self._option_string_actions[new]  # parsed, not shown in --help
+        self.renamed[old] = new
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        for old, new in self.renamed.items():
+            if any(a == old or a.startswith(old + "=") for a in argv):
+                print(f"{self.prog}: note: {old} is deprecated and goes in the next release; use {new}",
+                      file=sys.stderr)
+        ns, rest = super().parse_known_args(argv, namespace)
+        if self.preset_seeds and getattr(ns, "seeds", 0) is None:
+            ns.seeds = list(self.preset_seeds.get(ns.preset, self.preset_seeds["*"]))
+        return ns, rest
+
+
+def base_parser(name: str, description: str, default_seeds: list[int] | dict[str, list[int]] | None = None, *,
+                seeds: bool = True, variants: bool = True, presets: tuple[str, ...] = PRESETS) -> ExperimentParser:
     """Parser with the flags every reproduce script shares: device, preset, out, seeds, variants, flavour.
 
-    ``seeds=False`` / ``variants=False`` leave out ``--seeds`` / ``--variants`` and ``--flavour`` for scripts that
-    do not use them; ``presets``: the script's preset names (smoke and paper, and e.g. decide).
+    ``default_seeds``: a list, or seeds per preset (``"*"``: the others); ``seeds=False`` / ``variants=False``
+    leave out ``--seeds`` / ``--variants`` and ``--flavour`` for scripts that do not use them; ``presets``: the
+    script's preset names (smoke and paper, and e.g. decide).
     """
-    p = argparse.ArgumentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
+    p = ExperimentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--preset", choices=presets, default="smoke",
                    help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration"
@@ -40,27 +94,35 @@ def base_parser(name: str, description: str, default_seeds: list[int] | None = N
                            if "decide" in presets else ""))
     p.add_argument("--out", type=Path, default=Path("results") / name, help="output directory")
     if seeds:
-        p.add_argument("--seeds", type=seed_int, nargs="+", default=default_seeds or [0],
-                       help="random seeds, each in 0 … 2**32 − 1")
+        per_preset = isinstance(default_seeds, dict)
+        p.preset_seeds = default_seeds if per_preset else None
+        shown = "; ".join(f"{k if k != '*' else 'other presets'}: {' '.join(map(str, v))}"
+                          for k, v in default_seeds.items()) if per_preset else None
+        p.add_argument("--seeds", action=ListAction, item=seed_int,
+                       default=None if per_preset else (default_seeds or [0]),
+                       help="random seeds, each in 0 … 2**32 − 1" + (f" (default: {shown})" if shown else ""))
     if variants:
-        p.add_argument("--variants", "--attn", dest="variants", default="*",
-                       help="comma-separated variant names or fnmatch wildcards; * is every registered variant; "
-                            "control arms by name or all of them as `controls` (docs/claims.md)")
+        p.add_argument("--variants", "--attn", dest="variants", action=ListAction, join=True, default="*",
+                       help="variant names or fnmatch wildcards; * is every registered variant; control arms by "
+                            "name or all of them as `controls` (docs/claims.md)")
         p.add_argument("--flavour", "--flavor", dest="flavour", choices=("paper", "damcha_repo", "both"),
-                       default="both", help="baseline flavour: the published method, the DAMCHA authors' version, "
-                                            "or both")
+                       default="paper", help="baseline flavour: the published method, the DAMCHA authors' "
+                                             "version, or both")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_include_argument(p)
     p.add_argument("--fresh", action="store_true",
                    help="recompute every cell; by default a cell already measured in --out with the same settings "
                         "on the same kind of machine (device model, torch, threads, dtype) is reused")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cells to run, finished cells skipped, data, estimated cost) and exit; "
+                        "trains nothing and writes nothing")
     return p
 
 
 # Options that only pick which cells run or where they go, or whose effect the environment fingerprint records
 # (device, threads); everything else a script parses can change numbers.
-SELECTION_OPTIONS = ("out", "quiet", "fresh", "variants", "flavour", "seeds", "include", "device", "threads",
+SELECTION_OPTIONS = ("out", "quiet", "fresh", "dry_run", "variants", "flavour", "seeds", "include", "device", "threads",
                      *LAUNCH_OPTIONS)
 
 

@@ -204,7 +204,12 @@ class WholeRunJob:
 
 
 def run_whole(args, name: str, fn) -> int:
-    """``fn(args)`` here (``--launcher local``) or as one submitit job, waiting for it (``--launcher submitit``)."""
+    """``fn(args)`` here (``--launcher local``) or as one submitit job, waiting for it (``--launcher submitit``);
+    with ``--dry-run``, the plan instead."""
+    if getattr(args, "dry_run", False):
+        from .dryrun import show_whole
+
+        return show_whole(args, name)
     if getattr(args, "launcher", "local") != "submitit":
         return fn(args)
     folder = Path(args.out) / "_cache" / "submitit"

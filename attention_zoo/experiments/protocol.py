@@ -28,32 +28,39 @@ from ..results import ResultStore
 
 @dataclass(frozen=True)
 class Experiment:
-    """A reproduce script: ``name`` (its store, results folder and ``reproduce/<name>.py``), what it reproduces and
-    its presets; ``units``: "cells" when ``plan`` fans cells out (the launcher applies), "run" when the script
-    measures on one machine as a whole (timings; a cluster launch runs the whole script as one job)."""
+    """A reproduce script: ``name`` (its store, results folder and ``reproduce/<name>.py``), the ``family``
+    package that holds its ``module`` (default: ``name``), what it reproduces and its presets; ``units``: "cells"
+    when ``plan`` fans cells out (the launcher applies), "run" when the script measures on one machine as a whole
+    (timings; a cluster launch runs the whole script as one job)."""
 
     name: str
+    family: str
     title: str
     presets: tuple[str, ...] = ("smoke", "paper")
     units: str = "cells"
     module: str = ""
 
+    @property
+    def module_path(self) -> str:
+        return f"{__package__}.{self.family}.{self.module or self.name}"
+
     def load(self):
-        return importlib.import_module(self.module or f"{__package__}.{self.name}")
+        return importlib.import_module(self.module_path)
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("table2_efficiency", "Table 2: efficiency", units="run"),
-    Experiment("table7_complexity", "Table 7: complexity and measured scaling", units="run"),
-    Experiment("synthetic", "Figures 12–13: synthetic sweeps", presets=("smoke", "decide", "paper")),
-    Experiment("table5_gpt2", "Table 5: character-level GPT-2 pretraining"),
-    Experiment("table1_generation", "Table 1: decoder-only generation"),
-    Experiment("appendix_e_kde", "Appendix E: KDEs of per-sample scores", units="run"),
-    Experiment("table3_depth_blocks", "Table 3: generator depth × block ablation"),
-    Experiment("table4_ablation", "Table 4: input adaptivity × sharing ablation"),
-    Experiment("table6_vit", "Table 6: ViT classification"),
-    Experiment("appendix_fgh", "Appendices F–H: DAMCHA's metric"),
-    Experiment("rowsum_analysis", "DAMCHA under RowSum", units="run"),
+    Experiment("table2_efficiency", "efficiency", "Table 2: efficiency", units="run"),
+    Experiment("table7_complexity", "efficiency", "Table 7: complexity and measured scaling", units="run"),
+    Experiment("synthetic", "synthetic", "Figures 12–13: synthetic sweeps", presets=("smoke", "decide", "paper"),
+               module="sweep"),
+    Experiment("table5_gpt2", "lm", "Table 5: character-level GPT-2 pretraining"),
+    Experiment("table1_generation", "generation", "Table 1: decoder-only generation"),
+    Experiment("appendix_e_kde", "generation", "Appendix E: KDEs of per-sample scores", units="run"),
+    Experiment("table3_depth_blocks", "generation", "Table 3: generator depth × block ablation"),
+    Experiment("table4_ablation", "generation", "Table 4: input adaptivity × sharing ablation"),
+    Experiment("table6_vit", "vision", "Table 6: ViT classification"),
+    Experiment("appendix_fgh", "generation", "Appendices F–H: DAMCHA's metric"),
+    Experiment("rowsum_analysis", "efficiency", "DAMCHA under RowSum", units="run"),
 )}
 
 
@@ -100,6 +107,10 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
     ``finish``'s."""
     from .launchers import launcher_for
 
+    if getattr(args, "dry_run", False):  # the plan, printed (experiment_main made this call read-only)
+        from .dryrun import show_plan
+
+        return show_plan(plan, args, name)
     store = plan.store
     todo = [[c for c in unit if store.claim(c)] for unit in plan.units]
     todo = [u for u in todo if u]

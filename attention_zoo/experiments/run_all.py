@@ -15,6 +15,7 @@ repository root.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -29,7 +30,7 @@ from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
 from ..results import ensure_out_dir
 from ..workers import child_preexec
-from .common import HelpFormatter, cli_main, positive_int
+from .common import ExperimentParser, HelpFormatter, ListAction, cli_main, positive_int
 from .protocol import EXPERIMENTS, LAUNCH_OPTIONS, add_launcher_arguments
 from .results_index import RUN_RECORD, build_index
 
@@ -46,9 +47,11 @@ _TINY_GEN = ["--steps", "2", "--eval-samples", "8", "--fid-extractor", "tiny-ran
 _TINY_TIMING = ["--repeats", "1", "--warmup", "0", "--extra"]
 
 # Per preset, the arguments each script gets beyond --preset/--device/--out/--quiet. Coverage lives here; sizes
-# (steps, models, scored samples) live in the scripts' presets.
+# (steps, models, scored samples) live in the scripts' presets. Flavours and seeds are spelled out wherever they
+# differ from the scripts' shared defaults (flavour paper; seeds per script), so these runs stay what they were.
 SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
     "smoke": {
+        "table2_efficiency": ["--flavour", "both"],
         "table1_generation": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "table5_gpt2": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
         "table6_vit": [*_ALL_ROWS, "--seeds", "0", "1", "2"],
@@ -59,7 +62,13 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
                         "classification:20"],
     },
     "decide": {"synthetic_decide": []},
-    "paper": {},
+    "paper": {
+        "table2_efficiency": ["--flavour", "both"],
+        "table1_generation": ["--flavour", "damcha_repo"],  # the baselines as the paper ran them
+        "table5_gpt2": ["--flavour", "damcha_repo"],
+        "table6_vit": ["--flavour", "damcha_repo"],
+        "appendix_e_kde": ["--flavour", "both"],
+    },
     "tiny": {
         "table2_efficiency": ["--variants", "mha,damcha", "--flavour", "paper", "--settings", "cifar", "--counters",
                               "", *_TINY_TIMING],
@@ -67,7 +76,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
                               "--d-models", "16", "32", "--causal", "false", *_TINY_TIMING],
         "synthetic": ["--variants", "mha,damcha", "--lambda", "0", "1", "--de", "4", "--seeds", "0", "1", "--steps",
                       "2", "--workers", "1"],
-        "table5_gpt2": ["--variants", "mha,damcha", "--flavour", "paper", "--max-steps", "2", "--eval-batches", "1",
+        "table5_gpt2": ["--variants", "mha,damcha", "--flavour", "paper", "--steps", "2", "--eval-batches", "1",
                         "--train", "eval_every=1", "eval_max_batches=1"],
         "table1_generation": ["--variants", "mha,damcha", "--flavour", "paper", "--datasets", "digits", *_TINY_GEN],
         "appendix_e_kde": ["--flavour", "paper"],
@@ -116,12 +125,28 @@ def launch_arguments(args: argparse.Namespace) -> list[str]:
     return out
 
 
+@functools.cache
+def accepts(name: str, flag: str) -> bool:
+    """Whether experiment ``name``'s script takes ``flag`` (all.py passes --data-dir and --no-download to those)."""
+    return name in EXPERIMENTS and flag in EXPERIMENTS[name].load().build_parser()._option_string_actions
+
+
+def data_arguments(name: str, data_dir: str | None, download: bool = True) -> list[str]:
+    """all.py's --data-dir / --no-download as script ``name`` takes them (nothing where it does not)."""
+    out = ["--data-dir", str(data_dir)] if data_dir is not None and accepts(name, "--data-dir") else []
+    return out + (["--no-download"] if not download and accepts(name, "--no-download") else [])
+
+
 def script_command(name: str, preset: str, device: str, results: Path, threads: int | None = None,
-                   launch: list[str] | None = None) -> list[str]:
+                   launch: list[str] | None = None, data: tuple[str | None, bool] = (None, True),
+                   dry_run: bool = False) -> list[str]:
     """The command line of one script at a run_all preset (``tiny`` runs the scripts' smoke preset); ``launch``:
-    launcher options, passed to the experiment scripts (the benchmarks run here)."""
+    launcher options, passed to the experiment scripts (the benchmarks run here); ``data``: all.py's --data-dir
+    and download switch; ``dry_run``: the experiment scripts only print their plans."""
     extra = SCRIPT_ARGS[preset].get(name, []) + ([] if threads is None else ["--threads", str(threads)])
     extra += (launch or []) if name in EXPERIMENTS or name == "synthetic_decide" else []
+    extra += data_arguments("synthetic" if name == "synthetic_decide" else name, *data)
+    extra += ["--dry-run"] if dry_run and (name in EXPERIMENTS or name == "synthetic_decide") else []
     if name == "synthetic_decide":
         return [sys.executable, str(REPRODUCE / "synthetic.py"), "--preset", "decide", "--device", device, "--out",
                 str(results / name), "--quiet", *extra]
@@ -154,20 +179,50 @@ def _load_record(path: Path) -> dict:
     return rec if isinstance(rec, dict) else {"runs": [], "scripts": {}}
 
 
+def dry_run(args: argparse.Namespace, scripts: list[str]) -> int:
+    """Each script's command and plan (the experiments' own ``--dry-run``; the benchmarks' last recorded cost)."""
+    recorded = _load_record(Path(args.results) / RUN_RECORD).get("scripts", {})
+    failed = []
+    for name in scripts:
+        cmd = script_command(name, args.preset, args.device, Path(args.results), args.threads, launch_arguments(args),
+                             (args.data_dir, args.download), dry_run=True)
+        print(f"== {name}: {shown_command([c for c in cmd if c != '--dry-run'])}", flush=True)
+        if "--dry-run" in cmd:
+            if subprocess.run(cmd, preexec_fn=child_preexec()).returncode != 0:
+                failed.append(name)
+            continue
+        last = recorded.get(name, {})
+        print(f"{name}: dry run; the last run took {last['cpu_s']:.0f} s CPU, {last['wall_s']:.0f} s wall"
+              if "cpu_s" in last else f"{name}: dry run; no recorded run to estimate from", flush=True)
+    if args.preset == "paper" and resolve_device(args.device).type == "cpu":
+        print("warning: the paper presets would train on a CPU; docs/paper_scale.md sizes them in GPU-hours")
+    if failed:
+        print(f"dry run failed for: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
+    p = ExperimentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
+                         formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--preset", choices=PRESETS, default="smoke",
                    help="smoke: the whole paper on embedded data (hours on 2 CPU cores); decide: the synthetic "
                         "sweeps trained to a plateau (hours); results/README.md has each script's measured time; "
                         "paper: the scripts' paper presets; tiny: seconds per script, for tests")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--results", type=Path, default=Path("results"), help="root of the per-script folders")
+    p.add_argument("--out", dest="results", type=Path, default=Path("results"), help="root of the per-script folders")
+    p.rename("--results", "--out")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads of every script (default: each script's own choice)")
-    p.add_argument("--only", default=None, help="comma-separated subset of the preset's scripts (default: all)")
+    p.add_argument("--only", action=ListAction, join=True, default=None,
+                   help="subset of the preset's scripts (default: all)")
+    p.add_argument("--data-dir", default=None, help="data directory, passed to every script that reads data")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="scripts fail instead of downloading missing data")
     p.add_argument("--index-only", action="store_true", help="only rebuild results/README.md")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each script's plan (its cells to run and to skip, data, estimated cost) and exit; "
+                        "runs and writes nothing")
     add_launcher_arguments(p)  # passed on to every experiment script (docs/cluster.md)
     args = p.parse_args(argv)
     scripts = scripts_of(args.preset)
@@ -175,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(scripts))
     if unknown:
         raise ValueError(f"only: unknown {', '.join(unknown)}; available at preset {args.preset}: {', '.join(scripts)}")
-    results = ensure_out_dir(args.results, "results")  # before any script runs
+    if args.dry_run:
+        return dry_run(args, [s for s in scripts if s in chosen])
+    results = ensure_out_dir(args.results, "out")  # before any script runs
     record_path = results / RUN_RECORD
     record = _load_record(record_path)
     todo = [s for s in scripts if s in chosen and not args.index_only]
@@ -191,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         record["runs"] = [r for r in record.get("runs", []) if r.get("run_id") != run["run_id"]] + [run]
         t_run, cpu_run = time.perf_counter(), _children_cpu()
         for name in todo:
-            cmd = script_command(name, args.preset, args.device, results, args.threads, launch_arguments(args))
+            cmd = script_command(name, args.preset, args.device, results, args.threads, launch_arguments(args),
+                                 (args.data_dir, args.download))
             shown = shown_command(cmd)
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .base import Masks
 from .headmix_native import _fused_backward, _fused_forward, _fused_lib, _native_backward, _native_forward, _native_lib
-from .headmix_ops import mix_heads, rezero, softmax_fp32  # noqa: F401  (softmax_fp32: imported from here by THA, DCMHA)
+from .headmix_ops import _Stage, mix_heads, rezero, softmax_fp32  # noqa: F401  (softmax_fp32: imported from here by THA, DCMHA)
 
 
 @dataclass(frozen=True)
@@ -70,22 +69,6 @@ def query_matrix(w1: Tensor, w2: Tensor, dd: Tensor, static: Tensor | None, iden
     m = torch.einsum("btro,btri->btoi", w2, w1)  # (B, T, H, H)
     m = m + torch.diag_embed(dd + 1.0 if identity else dd)
     return m if static is None else m + static
-
-
-class _Stage(NamedTuple):
-    """A stage as the Function runs it: one head-linear part (``qmat`` per row, ``mixmat`` shared, the identity
-    ``copy`` or nothing) plus the key-side low-rank terms and gate (``k1``, ``k2`` [B,R,H,S], ``kdd`` [B,H,S])."""
-
-    qmat: Tensor | None  # (B, T, H, H)
-    mixmat: Tensor | None  # (H, H), through the caller's ``mix``
-    copy: bool
-    k1: Tensor | None
-    k2: Tensor | None
-    kdd: Tensor | None
-
-    @property
-    def tensors(self) -> tuple:
-        return self.qmat, self.mixmat, self.k1, self.k2, self.kdd
 
 
 def _prepare(stage: MixStage | None, tensors) -> _Stage | None:

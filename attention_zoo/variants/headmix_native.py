@@ -5,18 +5,13 @@ glue (when a kernel applies, the structs it reads, the per-thread gradient buffe
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .. import native
 from .base import Masks
-from .headmix_ops import mix_heads, rezero
-
-if TYPE_CHECKING:
-    from .headmix import _Stage
-
+from .headmix_ops import _Stage, mix_heads, rezero
 
 # ---- the stages as native kernels (attention_zoo/native/compose.c) ---------------------------------------------
 # A stage is one pass over the block in the C kernel (per key chunk: the H×H row matrix, the key projections and the

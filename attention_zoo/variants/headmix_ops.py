@@ -1,8 +1,11 @@
 """The elementwise building blocks of head-mixed attention (THA, DCMHA): a static head mix as one GEMM, the
 softmax in at least fp32, and the re-zeroing of invisible keys after a post-softmax mix. ``headmix.py`` composes
-them; the native kernels (``headmix_native.py``) replace them only where they are these exact functions."""
+them; the native kernels (``headmix_native.py``) replace them only where they are these exact functions. ``_Stage``,
+the layout of a stage both of them run, lives here so that neither imports the other."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,3 +39,19 @@ def rezero(weights: Tensor, masks: Masks) -> Tensor:
     if masks.dead is not None:
         weights = weights.masked_fill(masks.dead, 0.0)
     return weights
+
+
+class _Stage(NamedTuple):
+    """A stage as the Function runs it: one head-linear part (``qmat`` per row, ``mixmat`` shared, the identity
+    ``copy`` or nothing) plus the key-side low-rank terms and gate (``k1``, ``k2`` [B,R,H,S], ``kdd`` [B,H,S])."""
+
+    qmat: Tensor | None  # (B, T, H, H)
+    mixmat: Tensor | None  # (H, H), through the caller's ``mix``
+    copy: bool
+    k1: Tensor | None
+    k2: Tensor | None
+    kdd: Tensor | None
+
+    @property
+    def tensors(self) -> tuple:
+        return self.qmat, self.mixmat, self.k1, self.k2, self.kdd

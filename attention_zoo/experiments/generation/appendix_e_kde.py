@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import plots, report
-from ..checks import MissingInputError
-from ..envinfo import environment_record
-from ..io import atomic_savefig
-from ..metrics.topk import read_per_sample
-from ..results import ResultStore, ensure_out_dir
-from .common import base_parser, cli_main, select_variants, variant_flavours
-from .generation_common import flat_wide
-from .launchers import run_whole
-from .protocol import add_launcher_arguments
+from ... import plots, report
+from ...checks import MissingInputError
+from ...envinfo import environment_record
+from ...io import atomic_savefig
+from ...metrics.topk import read_per_sample
+from ...results import ResultStore, ensure_out_dir
+from ..common import ListAction, base_parser, experiment_main, select_variants, variant_flavours
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
+from .shared import flat_wide
 from .table1_generation import NAME as TABLE1
 
 NAME = "appendix_e_kde"
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(seeds=None)
     p.add_argument("--table1-dir", type=Path, default=Path("results") / TABLE1,
                    help="Table 1's --out directory (its result store and per_sample/ files)")
-    p.add_argument("--datasets", default=None, help="comma-separated datasets (default: all Table 1 scored)")
+    p.add_argument("--datasets", action=ListAction, join=True, default=None,
+                   help="datasets (default: all Table 1 scored)")
     p.epilog = "--seeds filters Table 1's seeds (default: all, pooled); --device and --threads are not used."
     return add_launcher_arguments(p)
 
@@ -157,6 +158,6 @@ def run(args) -> int:
     return 0
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..claims.paired import delta_frame, delta_table
-from ..data.text import bpc
-from ..io import read_jsonl
-from ..results import ResultStore
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...claims.paired import delta_frame, delta_table
+from ...data.text import bpc
+from ...io import read_jsonl
+from ...results import ResultStore
 
 NAME = "table5_gpt2"
 REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines
@@ -105,7 +105,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              "Memory: CUDA `max_memory_allocated` (`peak_alloc_mib`) or, on CPU, the process's VmHWM after a "
              "clear_refs reset at the start of the cell (`peak_rss_mib`, includes interpreter, torch and corpus; "
              "not comparable with CUDA numbers). Baselines run in the flavour shown. Presets and the DAMCHA "
-             "generator configuration: attention_zoo/experiments/table5_gpt2.py.",
+             "generator configuration: attention_zoo/experiments/lm/table5_gpt2.py.",
              "## Verdicts on the paper's claims (Table 5)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired change vs MHA/paper (% of MHA's value; mean [95 % interval] (n seeds); lower is "

@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..envinfo import environment_record, resolve_device
-from ..io import atomic_write_csv
-from ..measure import (
+from ...envinfo import environment_record, resolve_device
+from ...io import atomic_write_csv
+from ...measure import (
     build_workload,
     count_flops,
     guarded,
@@ -31,12 +31,14 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..measure.complexity import FORMULAS, complexity_frame, params_frame
-from ..plots import line_plot
-from ..registry import get_attention_spec, is_attention
-from ..report import markdown_table, write_tables
-from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import (
+from ...measure.complexity import FORMULAS, complexity_frame, params_frame
+from ...plots import line_plot
+from ...registry import get_attention_spec, is_attention
+from ...report import markdown_table, write_tables
+from ..common import ListAction, base_parser, experiment_main, open_store, positive_int, setup_threads
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
+from .timing import (
     RUN_CONTROL,
     Timing,
     add_measure_arguments,
@@ -45,8 +47,6 @@ from .efficiency import (
     measure_cells,
     timing_for,
 )
-from .launchers import run_whole
-from .protocol import add_launcher_arguments
 
 NAME = "table7_complexity"
 CONSTANT_DOMINATED = 1.5  # a memory fit whose max/min over the sweep is below this measures constants, not scaling
@@ -186,8 +186,8 @@ def build_parser():
                     seeds=False)
     p.set_defaults(flavour="paper")
     p.add_argument("--causal", choices=("both", "true", "false"), default="both", help="masking of the sweep")
-    p.add_argument("--seq-lens", type=positive_int, nargs="+", default=None, help="override the T sweep")
-    p.add_argument("--d-models", type=positive_int, nargs="+", default=None, help="override the D sweep")
+    p.add_argument("--seq-lens", action=ListAction, item=positive_int, default=None, help="override the T sweep")
+    p.add_argument("--d-models", action=ListAction, item=positive_int, default=None, help="override the D sweep")
     add_measure_arguments(p)
     return add_launcher_arguments(p)
 
@@ -290,6 +290,6 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
     ])
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job

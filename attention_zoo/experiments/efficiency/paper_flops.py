@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import check_positive_int
+from ...checks import check_positive_int
 
 
 @dataclass(frozen=True)

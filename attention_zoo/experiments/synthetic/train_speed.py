@@ -2,10 +2,10 @@
 
 Four paths train the same seeds on the same data and batch order: ``legacy`` is the per-cell loop the sweep ran
 before the grouped paths existed (one model at a time, default AdamW, ``clip_grad_norm_``, a ``loss.item()`` host
-sync and a data gather every step); ``per-seed`` is ``synthetic_fit``'s loop with one seed (fused AdamW, no per-step
+sync and a data gather every step); ``per-seed`` is ``fit``'s loop with one seed (fused AdamW, no per-step
 sync); ``ensemble`` is the same loop with every seed grouped into one model (``engine.ensemble``; arms that cannot
 be grouped have no ensemble row and say why); ``sweep`` is what the sweep runs: the seeds in ensembles sized by
-``synthetic_fit.ENSEMBLE_FLOPS`` (all of them for a small model, one by one for a large one). Rounds are interleaved
+``fit.ENSEMBLE_FLOPS`` (all of them for a small model, one by one for a large one). Rounds are interleaved
 (each path of each arm, next round) in one process, so machine drift hits every path alike; the table reports the
 median CPU time per seed-step with its IQR over rounds, the speed-up against ``legacy`` (median of the per-round
 ratios), and the achieved GFLOP/s of the analytic training FLOPs (3 × forward) with its share of this CPU's fp32 GEMM
@@ -31,16 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import environment_record, resolve_device, setup_threads
-from ..io import atomic_write_csv, atomic_write_json, atomic_write_text
-from ..measure.flops import analytic_flops
-from ..measure.gemm import gemm_gflops
-from ..registry import select_attentions
-from ..report import markdown_table
-from ..results import ensure_out_file
-from .synthetic import PRESETS, task_of
-from .synthetic_fit import Group
+from ...cli import HelpFormatter, cli_main, non_negative_int, positive_int
+from ...envinfo import environment_record, resolve_device, setup_threads
+from ...io import atomic_write_csv, atomic_write_json, atomic_write_text
+from ...measure.flops import analytic_flops
+from ...measure.gemm import gemm_gflops
+from ...registry import select_attentions
+from ...report import markdown_table
+from ...results import ensure_out_file
+from .fit import Group
+from .sweep import PRESETS, task_of
 
 PATHS = ("legacy", "per-seed", "ensemble", "sweep")
 
@@ -143,7 +143,7 @@ def to_markdown(df: pd.DataFrame, env: dict) -> str:
             f"thread(s); device {env.get('device_name')} (fp32 GEMM {env.get('gemm_gflops')} GFLOP/s on this thread "
             f"count); 1-min load average {env.get('loadavg')} at the end. Speed-up: the median over rounds of legacy "
             "time / path time. GFLOP/s: analytic training FLOPs (3 × forward) per CPU-second; gemm_fraction: its "
-            "share of the GEMM rate. Paths: attention_zoo/experiments/train_speed.py.\n\n")
+            "share of the GEMM rate. Paths: attention_zoo/experiments/synthetic/train_speed.py.\n\n")
     unsupported = df[df["status"] != "ok"].drop_duplicates("variant")
     tail = "".join(f"\n- `{r.variant}` has no ensemble path: {r.message}" for r in unsupported.itertuples())
     return head + markdown_table(ok[cols], floatfmt=".3g") + tail + "\n"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..claims.paired import delta_frame, delta_table
-from ..claims.stats import wilson_interval
-from ..io import read_jsonl
-from ..results import ResultStore
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...claims.paired import delta_frame, delta_table
+from ...claims.stats import wilson_interval
+from ...io import read_jsonl
+from ...results import ResultStore
 
 NAME = "table6_vit"
 PAPER_METHOD = "damcha"
@@ -98,7 +98,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              f" top-1 / top-5 accuracy (%) of the final weights on {n_eval} validation images. The "
              "paper quotes DAMCHA only: 70.93 / 89.71 at 100 epochs, 82.10 / 96.23 at 500 (ImageNet-1K, ViT-B/16). "
              "Baselines run in the flavour shown. Presets and the training recipe: attention_zoo/experiments/"
-             "table6_vit.py.",
+             "vision/.",
              "## Verdicts on the paper's claims (Table 6)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired difference vs MHA/paper (accuracy points; mean [95 % interval] (n seeds); higher "

@@ -11,10 +11,17 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from ..measure import ForkServers
-from ..registry import resolved_options_json
-from ..results import ResultStore
-from .common import add_extra_argument, non_negative_int, positive_float, positive_int, select_variants, variant_configs
+from ...measure import ForkServers
+from ...registry import resolved_options_json
+from ...results import ResultStore
+from ..common import (
+    add_extra_argument,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    select_variants,
+    variant_configs,
+)
 
 
 @dataclass(frozen=True)

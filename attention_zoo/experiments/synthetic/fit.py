@@ -29,14 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import synthetic as syn
-from ..engine.checkpoint import load_checkpoint, save_checkpoint
-from ..engine.ensemble import EnsembleUnsupported, clip_per_seed, group_models, verify_grouped
-from ..envinfo import set_seed
-from ..measure.flops import analytic_flops
-from ..measure.params import count_params
-from ..models import AttentionStack, StackConfig
-from ..registry import split_options
+from ...data import synthetic as syn
+from ...engine.checkpoint import load_checkpoint, save_checkpoint
+from ...engine.ensemble import EnsembleUnsupported, clip_per_seed, group_models, verify_grouped
+from ...envinfo import set_seed
+from ...measure.flops import analytic_flops
+from ...measure.params import count_params
+from ...models import AttentionStack, StackConfig
+from ...registry import split_options
 
 
 @dataclass(frozen=True)

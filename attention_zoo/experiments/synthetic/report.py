@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
-from ..claims.stats import seed_interval, t_interval
-from ..io import atomic_write_csv
-from ..results import ResultStore
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_lines, verdict_markdown
+from ...claims.stats import seed_interval, t_interval
+from ...io import atomic_write_csv
+from ...results import ResultStore
 
 NAME = "synthetic"
 REFERENCE = "mha"

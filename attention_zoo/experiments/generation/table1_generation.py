@@ -2,12 +2,12 @@
 
 Columns (docs/experiments.md §4): images MSE ↓, FID ↓, FID@Top-50 ↓ (+ feature distance); text NLL ↓, BARTScore ↑ and
 BARTScore@Top-50 ↑ under both rules (``nll_top50``, ``score_top50``), with BERTScore F1 beside it. A cell is
-(dataset, variant, flavour, seed): one training run (``generation.train_and_score``); finished cells are skipped on
+(dataset, variant, flavour, seed): one training run (``training.train_and_score``); finished cells are skipped on
 rerun and an interrupted one resumes from its checkpoint. Presets: ``smoke`` = digits (masked-patch task by default,
 ``--image-task pixel``) + the embedded concept-to-sentence task, 64 scored images / 64 scored sentences per variant
 (real-Inception FID costs ≈0.17 s per image on an idle CPU); ``paper`` = CIFAR-10/100 + WMT14 en→de + CommonGen with
-the compact repo config (see ``generation.PRESETS``). Baselines default to the ``damcha_repo`` flavour (what the
-paper ran; ``--flavour both`` adds the published methods).
+the compact repo config (see ``config.PRESETS``). Baselines run the published methods by default
+(``--flavour damcha_repo``: what the paper ran, as ``reproduce/all.py --preset paper`` does; ``both``: the two).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import Context, train_and_score
-from .generation_common import (
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ..common import FIVE_SEEDS, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
+from .config import Context
+from .shared import (
     ANALOG,
     NOT_COMPARABLE,
     PAPER_NAMES,
@@ -39,6 +39,7 @@ from .generation_common import (
     run_cells,
     seeds_line,
 )
+from .training import train_and_score
 
 NAME = "table1_generation"
 IMAGE_METRICS = ("mse", "fid", "fid_top50", "feature_distance")
@@ -135,8 +136,7 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict, store=None) -> tuple
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0]))
-    p.set_defaults(flavour="damcha_repo")
+    p = add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS}))
     return p
 
 
@@ -157,6 +157,6 @@ def run(args) -> int:
     return run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from torch import Tensor
 
-from ..io import atomic_savefig
-from ..plots import _plt
-from ..variants.damcha import block_gradient_norms, explicit_rowsum, metric_generators
+from ...io import atomic_savefig
+from ...plots import _plt
+from ...variants.damcha import block_gradient_norms, explicit_rowsum, metric_generators
 
 __all__ = ["block_gradient_norms", "explicit_rowsum", "gradient_grid_plot", "metric_generators", "metric_heatmaps"]
 

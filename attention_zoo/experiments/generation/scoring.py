@@ -1,38 +1,27 @@
 """Scoring of a trained generation model (Tables 1, 3, 4): image and text metrics, per-sample files, the held-out
-validation loss. The metrics are described in ``generation``'s docstring and docs/experiments.md §3."""
+validation loss. The metrics are described in ``training``'s docstring and docs/experiments.md §3."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..data import image_tasks as dt
-from ..data import seq2seq as s2s
-from ..engine.distributed import DistInfo
-from ..engine.loop import evaluate
-from ..metrics import images as mi
-from ..metrics import text as mt
-from ..metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
-from ..results import cell_id
-
-if TYPE_CHECKING:
-    from .generation import Context, ImageData, TextData
+from ...data import image_tasks as dt
+from ...data import seq2seq as s2s
+from ...engine.distributed import DistInfo
+from ...engine.loop import evaluate
+from ...metrics import images as mi
+from ...metrics import text as mt
+from ...metrics.topk import feature_top50, mse_top50, nll_top50, score_top50, write_per_sample
+from .config import Context, cell_name
+from .data import ImageData, TextData
 
 K = 50  # the @Top-50 rules
-
-
-def cell_name(cell: dict, inference: str = "") -> str:
-    """``<dataset>-<variant>-<flavor>-<setting>[-<inference>]-s<seed>-<hash of the cell key>``."""
-    parts = (cell["dataset"], cell["variant"], cell["flavor"], cell["setting"], inference, f"s{cell['seed']}",
-             hashlib.sha1(cell_id(cell).encode()).hexdigest()[:8])
-    return "-".join(p for p in parts if p)
 
 
 def _row(metric: str, value, unit: str, status: str = "ok", message: str = "") -> dict:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.imagefolder import (
+from ...data.imagefolder import (
     FolderEvaluator,
     FolderSampler,
     TensorImageEvaluator,
@@ -23,13 +22,11 @@ from ..data.imagefolder import (
     load_imagefolder,
     train_transform,
 )
-from ..data.images import load_digits_images, load_images, train_val_split
-from ..engine.distributed import DistInfo, all_reduce
+from ...data.images import load_digits_images, load_images, train_val_split
+from ...engine.distributed import DistInfo, all_reduce
+from .presets import Preset
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-if TYPE_CHECKING:
-    from .table6_vit import Preset
 
 
 @dataclass

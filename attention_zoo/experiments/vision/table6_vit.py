@@ -34,15 +34,12 @@ import functools
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from .. import report
-from ..claims import verdict_lines
-from ..data.imagefolder import (
-    Mixup,
-)
-from ..engine import (
+from ... import report
+from ...claims import verdict_lines
+from ...engine import (
     TrainConfig,
     TrainResult,
     discard_run,
@@ -51,68 +48,34 @@ from ..engine import (
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, broadcast_object, run_distributed
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..measure.params import count_params
-from ..models import VisionTransformer
-from ..registry import is_attention, resolved_options_json, split_options
-from ..results import ResultStore, cell_id, ensure_out_dir
-from .common import base_parser, cli_main, positive_int, run_context, select_variants, setup_threads, variant_flavours
-from .protocol import Plan, add_launcher_arguments, execute
+from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...measure.params import count_params
+from ...models import VisionTransformer
+from ...registry import is_attention, resolved_options_json, split_options
+from ...results import ResultStore, cell_id, ensure_out_dir
+from ..common import (
+    FIVE_SEEDS,
+    ListAction,
+    base_parser,
+    experiment_main,
+    positive_int,
+    run_context,
+    select_variants,
+    setup_threads,
+    variant_flavours,
+)
+from ..protocol import Plan, add_launcher_arguments, execute
+from .presets import PRESETS, Preset
 from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
 from .table6_report import NAME, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
 
 
-@dataclass(frozen=True)
-class Preset:
-    dataset: str  # imagenet | cifar10 | digits
-    image_size: int
-    patch_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    dropout: float
-    epochs: tuple[int, ...]
-    batch_size: int
-    lr: float  # at lr_ref_batch images per step, scaled linearly with the batch (DeiT: 5e-4 per 512)
-    lr_ref_batch: int
-    min_lr: float  # cosine floor
-    warmup_epochs: float
-    label_smoothing: float
-    mixup: Mixup | None = None
-    augment: dict = field(default_factory=dict)  # train_transform kwargs (imagenet) or pad/flip (in-memory sets)
-    eval_every_epochs: int = 1
-    eval_max_batches: int | None = None  # periodic evaluations (the final one uses the whole split)
-    eval_batch_size: int = 256
-    ckpt_every_epochs: int = 0
-    threads: int | None = None  # torch CPU threads unless --threads is given (None: torch's choice)
-    attention_options: dict = field(default_factory=dict)
-    train: dict = field(default_factory=dict)  # other TrainConfig fields
-
-
-PRESETS = {
-    "smoke": Preset("digits", 16, 4, 64, 2, 4, 128, 0.0, epochs=(8,), batch_size=64, lr=2e-3, lr_ref_batch=64,
-                    min_lr=1e-4, warmup_epochs=1, label_smoothing=0.1,
-                    eval_every_epochs=2, attention_options={"hidden_dims": (64, 64)}, threads=1,
-                    train=dict(weight_decay=0.05, beta2=0.999, grad_clip=1.0, log_every=5)),
-    "cifar10": Preset("cifar10", 32, 4, 256, 6, 8, 512, 0.1, epochs=(100,), batch_size=128, lr=5e-4,
-                      lr_ref_batch=128, min_lr=1e-5, warmup_epochs=5, label_smoothing=0.1,
-                      augment={"pad": 4, "flip": True}, eval_every_epochs=5, eval_max_batches=10, ckpt_every_epochs=5,
-                      train=dict(weight_decay=0.05, beta2=0.999, grad_clip=1.0, log_every=50)),
-    "paper": Preset("imagenet", 224, 16, 768, 12, 12, 3072, 0.1, epochs=(100, 500), batch_size=1024, lr=5e-4,
-                    lr_ref_batch=512, min_lr=1e-5, warmup_epochs=5, label_smoothing=0.1, mixup=Mixup(0.8, 1.0),
-                    augment={"randaugment": (2, 9), "random_erasing": 0.25}, eval_every_epochs=10,
-                    eval_max_batches=20, ckpt_every_epochs=1,
-                    train=dict(weight_decay=0.05, beta2=0.999, grad_clip=0.0, log_every=100)),
-}
-
-
 def build_parser():
-    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0])
-    p.set_defaults(variants=None, flavour="damcha_repo")
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS})
+    p.set_defaults(variants=None)
     for action in p._actions:  # base_parser knows smoke/paper only; this table adds a mid-size preset
         if action.dest == "preset":
             action.choices = tuple(PRESETS)
@@ -120,7 +83,7 @@ def build_parser():
     p.add_argument("--data-dir", default=None, help="ImageNet root (train/ and val/ class folders) or where CIFAR is "
                    "(or gets downloaded); default $ATTENTION_ZOO_DATA or ~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading CIFAR")
-    p.add_argument("--epochs", type=positive_int, nargs="+", default=None,
+    p.add_argument("--epochs", action=ListAction, item=positive_int, default=None,
                    help="training lengths (default: the preset's)")
     p.add_argument("--steps", type=positive_int, default=None, help="override the optimizer steps of every cell")
     p.add_argument("--batch-size", type=positive_int, default=None,
@@ -136,7 +99,8 @@ def build_parser():
                    help="TrainConfig overrides, e.g. --train amp=off grad_accum=4 stop_at=100")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
-    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered), damcha_repo flavour where a baseline has one. "
+    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines as "
+                "the paper ran them (reproduce/all.py --preset paper does). "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
     return add_launcher_arguments(p)
 
@@ -223,7 +187,7 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
-    if args.launcher == "submitit":
+    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
         return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
 
@@ -325,6 +289,6 @@ def plan(args) -> Plan:
                 describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']} e{u[0]['epochs']} s{u[0]['seed']}")
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -24,14 +24,15 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..claims.stats import t_interval
-from ..registry import get_attention_spec
-from ..variants.damcha import set_block_scales
-from . import generation_common as gc
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import IMAGE_SETS, train_and_score
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...claims.stats import t_interval
+from ...registry import get_attention_spec
+from ...variants.damcha import set_block_scales
+from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
+from . import shared as gc
+from .data import IMAGE_SETS
+from .training import train_and_score
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")
@@ -56,8 +57,8 @@ def check_variant(name: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0, 1, 2, 3, 4]))
     p.set_defaults(variants="damcha", flavour="paper")
-    p.add_argument("--depths", default=None, help="comma-separated generator depths (default: 1..9 paper, 1,2,3 "
-                   "smoke)")
+    p.add_argument("--depths", action=ListAction, join=True, default=None,
+                   help="generator depths (default: 1..9 paper, 1,2,3 smoke)")
     return p
 
 
@@ -188,6 +189,6 @@ def run(args) -> int:
     return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..plots import barh_plot
-from ..registry import get_attention_spec
-from ..report import NOT_COMPARABLE, UNSTABLE_MARK, comparison_frame
-from .efficiency import Timing
+from ...plots import barh_plot
+from ...registry import get_attention_spec
+from ...report import NOT_COMPARABLE, UNSTABLE_MARK, comparison_frame
 from .paper_flops import PAPER_QUOTED_GFLOPS, paper_gflops
+from .timing import Timing
 
 NAME = "table2_efficiency"
 BASELINE = "mha"

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-from .. import report
-from ..claims import verdict_lines
-from ..data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
-from ..engine import (
+from ... import report
+from ...claims import verdict_lines
+from ...data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
+from ...engine import (
     TrainConfig,
     TrainResult,
     batch_weight,
@@ -52,16 +52,18 @@ from ..engine import (
     result_identity,
     train,
 )
-from ..engine.distributed import DistInfo, broadcast_object, run_distributed
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..measure.params import count_params
-from ..measure.status import free_memory, is_oom, short_message
-from ..models import Decoder
-from ..registry import is_attention, resolved_options_json, split_options
-from ..results import ResultStore, cell_id
-from .common import (
+from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...measure.params import count_params
+from ...measure.status import free_memory, is_oom, short_message
+from ...models import Decoder
+from ...registry import is_attention, resolved_options_json, split_options
+from ...results import ResultStore, cell_id
+from ..common import (
+    FIVE_SEEDS,
+    ListAction,
     base_parser,
-    cli_main,
+    experiment_main,
     non_negative_int,
     positive_int,
     run_context,
@@ -69,7 +71,7 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
-from .protocol import Plan, add_launcher_arguments, execute
+from ..protocol import Plan, add_launcher_arguments, execute
 from .table5_report import NAME, PAPER_DATASETS, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -105,23 +107,26 @@ PRESETS = {
 
 
 def build_parser():
-    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0])
-    p.set_defaults(variants=None, flavour="damcha_repo")
-    p.add_argument("--datasets", default=None,
-                   help=f"comma-separated subset of {', '.join(DATASETS)} (default: the preset's datasets)")
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS})
+    p.set_defaults(variants=None)
+    p.add_argument("--datasets", action=ListAction, join=True, default=None,
+                   help=f"subset of {', '.join(DATASETS)} (default: the preset's datasets)")
     p.add_argument("--data-dir", default=None,
                    help="where enwik8/text8 are (or get downloaded); default $ATTENTION_ZOO_DATA or "
                         "~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="override the preset's optimizer steps")
+    p.add_argument("--steps", dest="max_steps", type=positive_int, default=None,
+                   help="override the preset's optimizer steps")
+    p.rename("--max-steps", "--steps")
     p.add_argument("--eval-batches", type=non_negative_int, default=None,
                    help="final evaluation: batches per split, evenly spread (0 = the whole splits; default: preset)")
     p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE",
                    help="TrainConfig overrides, e.g. --train lr=1e-3 grad_accum=2 amp=off")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
-    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered) in the damcha_repo flavour where a baseline "
-                "has one (the flavour the paper ran). The smoke preset uses 1 CPU thread unless --threads is given. "
+    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines "
+                "as the paper ran them (reproduce/all.py --preset paper does). The smoke preset uses 1 CPU thread "
+                "unless --threads is given. "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table5_gpt2.py")
     return add_launcher_arguments(p)
 
@@ -224,7 +229,7 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
-    if args.launcher == "submitit":
+    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
         return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
 
@@ -330,6 +335,6 @@ def plan(args) -> Plan:
                 describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']} s{u[0]['seed']}")
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

@@ -25,19 +25,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.text import WindowSampler, load_char_corpus
-from ..envinfo import environment_record, resolve_device
-from ..measure import build_workload, count_params, guarded, measure_memory, measure_model_latency, workload_spec
-from ..models import Decoder
-from ..plots import line_plot
-from ..registry import create_attention
-from ..report import markdown_table, write_tables
-from ..results import ResultStore, ensure_out_dir
-from ..variants.damcha import metric_generator, set_block_scales
-from ..variants.damcha_generator import adam_param_groups
-from .common import base_parser, cli_main, open_store, setup_threads
-from .launchers import run_whole
-from .protocol import add_launcher_arguments
+from ...data.text import WindowSampler, load_char_corpus
+from ...envinfo import environment_record, resolve_device
+from ...measure import build_workload, count_params, guarded, measure_memory, measure_model_latency, workload_spec
+from ...models import Decoder
+from ...plots import line_plot
+from ...registry import create_attention
+from ...report import markdown_table, write_tables
+from ...results import ResultStore, ensure_out_dir
+from ...variants.damcha import metric_generator, set_block_scales
+from ...variants.damcha_generator import adam_param_groups
+from ..common import ListAction, base_parser, experiment_main, open_store, setup_threads
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
 
 PRESETS = {
     # d_model/heads/layers of the trained char-LM, steps of each training section, cost-section shapes
@@ -262,11 +262,11 @@ def write_report(store: ResultStore, args, device) -> dict:
 
 def build_parser():
     p = base_parser("rowsum_analysis", __doc__.split("\n\n")[0], seeds=False, variants=False)  # DAMCHA only
-    p.add_argument("--sections", default="gradient_identity,equivalence,diag_vs_full,costs",
-                   help="comma-separated sections to run")
+    p.add_argument("--sections", action=ListAction, join=True,
+                   default="gradient_identity,equivalence,diag_vs_full,costs", help="sections to run")
     return add_launcher_arguments(p)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run_whole(build_parser().parse_args(argv), "rowsum_analysis", lambda a: (run(a), 0)[1])

@@ -1,6 +1,6 @@
 """What the generation tables (Tables 1, 3, 4) share: their command-line arguments, the run context, the cell loop
 over the result store, report helpers and run timing. The training and scoring of one cell is in
-``generation.train_and_score``."""
+``training.train_and_score``."""
 
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import report
-from ..claims import verdict_lines
-from ..engine import parse_overrides, prune_checkpoints, result_identity
-from ..envinfo import environment_record, resolve_device
-from ..metrics import images as mi
-from ..metrics import text as mt
-from ..results import ResultStore
-from .common import open_store, positive_int
-from .generation import IMAGE_SETS, PRESETS, TEXT_SETS, Context, DataOptions
-from .protocol import Plan, add_launcher_arguments, execute
+from ... import report
+from ...claims import verdict_lines
+from ...engine import parse_overrides, prune_checkpoints, result_identity
+from ...envinfo import environment_record, resolve_device
+from ...metrics import images as mi
+from ...metrics import text as mt
+from ...results import ResultStore
+from ..common import ListAction, open_store, positive_int
+from ..protocol import Plan, add_launcher_arguments, execute
+from .config import PRESETS, Context
+from .data import IMAGE_SETS, TEXT_SETS, DataOptions
 
 TINY_EXTRACTOR = "tiny-random"
 ANALOG = {"cifar10": "digits", "cifar100": "digits", "wmt14": "concepts", "commongen": "concepts"}
@@ -62,8 +63,8 @@ def _register_tiny_extractor() -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--datasets", default=None, help=f"comma-separated subset of {', '.join(IMAGE_SETS + TEXT_SETS)} "
-                   "(default: the preset's)")
+    p.add_argument("--datasets", action=ListAction, join=True, default=None,
+                   help=f"subset of {', '.join(IMAGE_SETS + TEXT_SETS)} (default: the preset's)")
     p.add_argument("--image-task", choices=("patch", "pixel"), default="patch",
                    help="patch: the authors' masked 4×4-patch reconstruction; pixel: autoregressive RGB332 tokens")
     p.add_argument("--pixel-mode", choices=("rgb332", "gray", "channels"), default="rgb332", help="pixel tokens")
@@ -270,7 +271,7 @@ def paired_section(df: pd.DataFrame, metrics: dict[str, str], reference: dict, r
                    ) -> tuple[list[str], pd.DataFrame]:
     """(markdown lines, long deltas): every arm's seed-paired change vs the reference in % of the reference, with
     95 % intervals and n, for ``metrics`` {metric: "lower"|"higher"}."""
-    from ..claims.paired import delta_frame, delta_table
+    from ...claims.paired import delta_frame, delta_table
 
     sub = df[df["metric"].isin(list(metrics)) & (df["status"] == "ok")]
     deltas = delta_frame(sub, list(columns), reference, arm_cols)

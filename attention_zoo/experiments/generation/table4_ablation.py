@@ -26,12 +26,12 @@ import math
 
 import pandas as pd
 
-from .. import plots, report
-from ..claims import frame_verdicts, verdict_markdown
-from ..registry import get_attention_spec
-from . import generation_common as gc
-from .common import base_parser, cli_main, select_variants, setup_threads, variant_flavours
-from .generation import train_and_score
+from ... import plots, report
+from ...claims import frame_verdicts, verdict_markdown
+from ...registry import get_attention_spec
+from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
+from . import shared as gc
+from .training import train_and_score
 
 NAME = "table4_ablation"
 SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),
@@ -54,7 +54,8 @@ def check_variant(name: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0, 1, 2, 3, 4]))
     p.set_defaults(variants="damcha", flavour="paper")
-    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {', '.join(SETTINGS)}")
+    p.add_argument("--settings", action=ListAction, join=True, default=",".join(SETTINGS),
+                   help=f"subset of {', '.join(SETTINGS)}")
     return p
 
 
@@ -149,6 +150,6 @@ def run(args) -> int:
     return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

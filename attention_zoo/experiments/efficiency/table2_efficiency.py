@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..envinfo import environment_record, resolve_device
-from ..measure import (
+from ...envinfo import environment_record, resolve_device
+from ...measure import (
     ForkServers,
     build_workload,
     check_consistency,
@@ -37,19 +37,11 @@ from ..measure import (
     warn_unstable,
     workload_spec,
 )
-from ..report import format_comparison, mark_values, write_tables
-from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .efficiency import (
-    RUN_CONTROL,
-    add_measure_arguments,
-    attention_rows,
-    config_record,
-    measure_cells,
-    timing_for,
-)
-from .launchers import run_whole
+from ...report import format_comparison, mark_values, write_tables
+from ..common import ListAction, base_parser, experiment_main, open_store, positive_int, setup_threads
+from ..launchers import run_whole
+from ..protocol import add_launcher_arguments
 from .paper_flops import PAPER_METHODS, paper_gflops
-from .protocol import add_launcher_arguments
 from .table2_report import (
     BASELINE,
     INDEX,
@@ -63,6 +55,14 @@ from .table2_report import (
     plots,
     unstable_marks,
     wide_frame,
+)
+from .timing import (
+    RUN_CONTROL,
+    add_measure_arguments,
+    attention_rows,
+    config_record,
+    measure_cells,
+    timing_for,
 )
 
 BASELINE_ATTEMPTS = 3  # MHA's timing is every ratio's denominator: re-measured (up to this often) until stable
@@ -193,13 +193,14 @@ def run_cell(variant: str, flavour: str, setting: Setting, cfg: dict, device: to
 def build_parser():
     p = base_parser(NAME, "Table 2: memory, latency, GFLOPs and parameters of every registered attention.",
                     seeds=False)
-    p.add_argument("--settings", default="cifar,commongen,wmt", help="comma-separated: cifar, commongen, wmt")
+    p.add_argument("--settings", action=ListAction, join=True, default="cifar,commongen,wmt",
+                   help="of cifar, commongen, wmt")
     p.add_argument("--batch", type=positive_int, default=None, help="override every setting's batch")
     p.add_argument("--model", choices=tuple(MODELS), default="compact",
                    help="compact: the config the paper profiled (both presets); section5.1: the Section 5.1 decoder")
     p.add_argument("--vocab-size", type=positive_int, default=256, help="decoder vocabulary (byte-level)")
-    p.add_argument("--counters", default="fvcore,flop_counter",
-                   help="FLOP counters to run besides the analytic count (comma-separated; '' for none)")
+    p.add_argument("--counters", action=ListAction, join=True, default="fvcore,flop_counter",
+                   help="FLOP counters to run besides the analytic count ('' for none)")
     add_measure_arguments(p)
     # DAMCHA's collapsed generator beside the full one, and DAMCHA as the authors' closed form assumes it
     p.set_defaults(extra=["damcha:collapsed_generator=true", f"damcha:{PAPER_GENERATOR.split('[')[1][:-1]}"])
@@ -252,7 +253,7 @@ def run(args) -> int:
     return 0
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
 

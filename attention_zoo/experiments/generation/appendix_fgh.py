@@ -1,7 +1,7 @@
 """Appendices F, G, H: how DAMCHA's metric evolves, static vs adaptive, and block-wise gradient flow.
 
 Three DAMCHA models are trained on the masked-patch reconstruction task (smoke: scikit-learn digits; paper:
-CIFAR-10) with the generation experiments' model and data (experiments/generation.py):
+CIFAR-10) with the generation experiments' model and data (experiments/generation/):
 ``adaptive`` (shared generator f(x)), ``unshared`` (one generator per layer) and ``static`` (w/o f(x): a learnable
 M0 shared by the stack, identity init), each over ``--seeds`` (the figures show the first seed). At chosen epochs
 each model's ``get_M_matrices()`` (generated from the last batch's contexts, batch-averaged; the final prefix for
@@ -29,16 +29,18 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .. import report
-from ..claims import frame_verdicts, verdict_lines, verdict_markdown
-from ..envinfo import environment_record, resolve_device, set_seed
-from ..io import atomic_write_json
-from ..report import write_tables
-from ..results import ensure_out_dir
-from .common import base_parser, cli_main, open_store, positive_int, setup_threads
-from .generation import PRESETS, DataOptions, build_model, load_data
+from ... import report
+from ...claims import frame_verdicts, verdict_lines, verdict_markdown
+from ...envinfo import environment_record, resolve_device, set_seed
+from ...io import atomic_write_json
+from ...report import write_tables
+from ...results import ensure_out_dir
+from ..common import base_parser, experiment_main, open_store, positive_int, setup_threads
+from ..protocol import Plan, add_launcher_arguments, execute
+from .config import PRESETS
+from .data import DataOptions, load_data
 from .metric_figures import block_gradient_norms, gradient_grid_plot, metric_heatmaps
-from .protocol import Plan, add_launcher_arguments, execute
+from .training import build_model
 
 NAME = "appendix_fgh"
 MODELS = {"adaptive": ({}, True), "unshared": ({}, False), "static": ({"use_mlp": False}, True)}
@@ -200,6 +202,6 @@ def build_parser():
     return add_launcher_arguments(p)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))

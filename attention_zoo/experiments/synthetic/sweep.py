@@ -2,9 +2,9 @@
 (accuracy vs d_e), each arm on the same tiny encoder, paired by seed.
 
 Tasks: ``attention_zoo.data.synthetic`` (equations in its docstring; the paper gives no generators [U]). Model:
-``synthetic_fit.SyntheticModel``, an ``AttentionStack(d_model=4·d_e, n_heads=4, norm="pre")`` fed the raw features
+``fit.SyntheticModel``, an ``AttentionStack(d_model=4·d_e, n_heads=4, norm="pre")`` fed the raw features
 (no input projection, so head i's positional slice is subspace i), a final LayerNorm, mean pooling and a linear
-head. Training (``synthetic_fit``): the seeds of one (task, setting, arm) train together as one grouped model where
+head. Training (``fit``): the seeds of one (task, setting, arm) train together as one grouped model where
 the arm allows it (same results as one by one), with early stopping on a validation split in the ``decide`` preset.
 
 Presets: ``smoke`` (every variant, 200 steps: far from a plateau, a pipeline check), ``decide`` (MHA, DAMCHA and the
@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
-from ..envinfo import environment_record, resolve_device
-from ..measure.status import free_memory, is_oom, short_message
-from ..registry import resolved_options_json, split_options
-from ..results import digest
-from .common import (
+from ...envinfo import environment_record, resolve_device
+from ...measure.status import free_memory, is_oom, short_message
+from ...registry import resolved_options_json, split_options
+from ...results import digest
+from ..common import (
+    ListAction,
     base_parser,
-    cli_main,
+    experiment_main,
     non_negative_float,
     open_store,
     positive_int,
@@ -39,9 +40,9 @@ from .common import (
     setup_threads,
     variant_flavours,
 )
-from .protocol import Plan, add_launcher_arguments, default_workers, execute
-from .synthetic_fit import Fit, Group, Task
-from .synthetic_report import METRIC, NAME, print_summary, write_report
+from ..protocol import Plan, add_launcher_arguments, default_workers, execute
+from .fit import Fit, Group, Task
+from .report import METRIC, NAME, print_summary, write_report
 
 TASKS = ("regression", "classification")
 PRESET_NAMES = ("smoke", "decide", "paper")
@@ -169,10 +170,10 @@ def build_parser():
     p = base_parser(NAME, "Appendix I, Figures 12–13: synthetic regression (λ sweep) and classification (d_e "
                           "sweep), paired by seed.", presets=PRESET_NAMES)
     p.set_defaults(flavour="paper", variants=None, seeds=None)
-    p.add_argument("--lambda", dest="lambdas", type=non_negative_float, nargs="+", default=None,
+    p.add_argument("--lambda", dest="lambdas", action=ListAction, item=non_negative_float, default=None,
                    help="regression cross-term weights λ, each finite and >= 0 (default: the preset's grid, 0 … 1 "
                         "step 0.2). Naming it alone runs only the regression sweep")
-    p.add_argument("--de", type=positive_int, nargs="+", default=None,
+    p.add_argument("--de", action=ListAction, item=positive_int, default=None,
                    help="classification subspace widths d_e, D = 4·d_e (default 4 8 12 16 20). Naming it alone "
                         "runs only the classification sweep")
     p.add_argument("--task", choices=("auto", "regression", "classification", "both"), default="auto",
@@ -233,6 +234,6 @@ def run(args) -> int:
     return execute(plan(args), args, NAME)
 
 
-@cli_main
+@experiment_main
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
