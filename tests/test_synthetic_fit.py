@@ -147,7 +147,7 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
         assert metric in set(long["metric"]), metric
     assert set(long.loc[long["metric"] == "test_mse@budget", "budget"]) == {0.125, 0.25, 0.5, 1.0}
     md = (tmp_path / "synthetic.md").read_text()
-    assert "## Verdicts on the paper's claims" in md and "### Calibration" in md and "n=2" in md
+    assert "## Verdicts on the paper's claims" in md and "### Calibration" in md and "range of 2 seeds" in md
     for fig in ("figure12_r2.png", "figure12_gain.png", "figure13_accuracy.png", "figure13_gain.png",
                 "synthetic_budget_gain_regression.png"):
         assert (tmp_path / fig).stat().st_size > 0, fig
