@@ -191,3 +191,20 @@ def test_the_trivial_references_that_tables_5_and_6_store():
         {"variant": "damcha", "seed": 0, "metric": "top1", "value": 60.0, "status": "ok"},
         {"variant": "damcha", "seed": 0, "metric": "chance_top1", "value": 10.0, "status": "ok"}]))
     assert checked and gated.groupby("variant")["status"].first().to_dict() == {"damcha": "ok", "mha": NOT_LEARNED}
+
+
+def test_a_tuned_store_decides_on_its_tuned_rows_and_shows_the_shared_setting_beside_them(tmp_path):
+    from attention_zoo.claims import frame_verdicts
+
+    tuned = _rows({"mha": 1.0, "damcha": 0.9}).assign(phase="tuned", lr=3e-3, weight_decay=0.01)
+    tuned.loc[tuned["variant"] == "damcha", "lr"] = 1e-3
+    shared = _rows({"mha": 1.0, "damcha": 1.2}).assign(phase="shared", lr=3e-3, weight_decay=0.01)
+    grid = _rows({"mha": 1.0, "damcha": 0.1}).assign(phase="tune", lr=1e-2, weight_decay=0.1)  # must not count
+    vs = frame_verdicts("synthetic", "decide", pd.concat([tuned, shared, grid], ignore_index=True))
+    got = {v.preset: v for v in vs if v.claim.id == "I.lambda1"}
+    assert set(got) == {"decide", "decide, shared setting"}
+    assert got["decide"].results[0].test.mean == pytest.approx(10, abs=0.5)  # the tuned rows, not the grid's 90
+    assert got["decide, shared setting"].kind == "contradicted"
+    assert "damcha lr 0.001 wd 0.01" in got["decide"].scope and "mha lr 0.003" in got["decide"].scope
+    frame = verdict_frame([got["decide"], got["decide, shared setting"]])
+    assert frame.loc[frame["headline"], "preset"].tolist() == ["decide"]

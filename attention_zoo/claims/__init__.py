@@ -6,7 +6,7 @@ nothing from ``experiments``. ``python -m attention_zoo.claims --results results
 
 from __future__ import annotations
 
-from .data import StoreRows, load_results
+from .data import StoreRows, by_phase, load_results
 from .ledger import CLAIMS, get_claim
 from .spec import Arm, Claim, Comparison
 from .table import verdict_frame, verdict_lines, verdict_markdown
@@ -23,9 +23,11 @@ def verdicts_for(results, experiments: tuple[str, ...] | None = None) -> list[Ve
 def frame_verdicts(experiment: str, preset: str, frame, path=None, context: str = "", runs=()) -> list[Verdict]:
     """The verdicts of ``experiment``'s claims from one context's long frame (what a script's report shows)."""
     runs = sorted(set(frame["run_id"])) if "run_id" in frame and not runs else list(runs)
-    rows = StoreRows(frame, path, context, runs, [])
     claims = tuple(c for c in CLAIMS if c.experiment == experiment)
-    return decide({(name, preset): rows for name in {c.store_name for c in claims} or {experiment}}, claims)
+    stores = {(name, label): StoreRows(part, path, context, runs, [])
+              for name in {c.store_name for c in claims} or {experiment}
+              for label, part in by_phase(frame, preset).items()}
+    return decide(stores, claims)
 
 
 __all__ = ["frame_verdicts", "Arm", "CLAIMS", "Claim", "Comparison", "Verdict", "decide", "get_claim", "load_results",

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import scan_jsonl
+from .spec import SHARED
 
 # Derived metrics a claim may name: value = a − b of two stored metrics of the same cell.
 DERIVED = {"mse_iqr": ("mse_q75", "mse_q25"), "nll_iqr": ("nll_q75", "nll_q25")}
@@ -69,7 +70,20 @@ def read_store(path: str | Path) -> dict[str, StoreRows]:
             df["status"] = "ok"
         rids = sorted({r["run_id"] for r in recs})
         commits = sorted({str((runs.get(rid, {}).get("env") or {}).get("git_commit", "?"))[:10] for rid in rids})
-        out[preset] = StoreRows(df, path, cid, rids, commits)
+        out.update({name: StoreRows(part, path, cid, rids, commits) for name, part in by_phase(df, preset).items()})
+    return out
+
+
+def by_phase(df: pd.DataFrame, preset: str) -> dict[str, pd.DataFrame]:
+    """A tuned preset's rows by what they decide: ``tuned`` cells (each arm at its own best setting; and cells of
+    presets that do not tune) under the preset's name, ``shared`` cells (every arm at the one shared setting) as
+    "<preset>, shared setting"; ``tune`` cells (the grid, validation only) decide nothing."""
+    if df.empty or "phase" not in df:
+        return {preset: df}
+    phase = df["phase"].fillna("tuned").astype(str)
+    out = {preset: df[phase == "tuned"]}
+    if (phase == "shared").any():
+        out[f"{preset}, {SHARED}"] = df[phase == "shared"]
     return out
 
 
@@ -121,6 +135,9 @@ def run_facts(df: pd.DataFrame) -> str:
                     break
     if "dataset" in df and df["dataset"].notna().any():
         facts.append("data " + ", ".join(sorted(map(str, df["dataset"].dropna().unique()))))
+    if {"lr", "weight_decay", "variant"} <= set(df) and df["lr"].notna().any():  # the setting each arm ran at
+        arms = df.dropna(subset=["lr"]).groupby("variant")[["lr", "weight_decay"]].first()
+        facts.append("settings " + ", ".join(f"{v} lr {r.lr:g} wd {r.weight_decay:g}" for v, r in arms.iterrows()))
     return "; ".join(facts)
 
 

@@ -17,7 +17,7 @@ class ByPreset:
 
     def get(self, preset: str):
         d = dict(self.values)
-        return d.get(preset, d.get("*"))
+        return d.get(preset, d.get(base_preset(preset), d.get("*")))
 
 
 def by_preset(**values) -> ByPreset:
@@ -25,6 +25,14 @@ def by_preset(**values) -> ByPreset:
     if "any" in values:
         values["*"] = values.pop("any")
     return ByPreset(tuple(values.items()))
+
+
+SHARED = "shared setting"  # the secondary rows of a tuned preset: every arm at the one setting used before tuning
+
+
+def base_preset(preset: str) -> str:
+    """"decide" for "decide" and for its secondary rows "decide, shared setting"."""
+    return preset.split(",", 1)[0]
 
 
 def resolve(value, preset: str):

@@ -8,6 +8,7 @@ from collections import Counter
 import pandas as pd
 
 from ..report import markdown_table
+from .spec import base_preset
 from .verdicts import ALPHA, KINDS, Verdict
 
 COLUMNS = ("claim", "paper", "ours (effect, interval, n)", "verdict", "scope", "strongest control",
@@ -17,8 +18,14 @@ COLUMNS = ("claim", "paper", "ours (effect, interval, n)", "verdict", "scope", "
 RANK = {"any": 0, "paper": 1, "decide": 2, "smoke": 3}
 
 
+def _rank(preset: str) -> float:
+    """Lower decides first; a preset's shared-setting rows come after its tuned ones."""
+    return RANK.get(base_preset(preset), 9) + (0.5 if preset != base_preset(preset) else 0.0)
+
+
 def _scope(v: Verdict) -> str:
-    text = v.claim.scope.get(v.preset) or v.claim.scope.get("*") or v.preset
+    text = v.claim.scope.get(v.preset) or v.claim.scope.get(base_preset(v.preset)) or v.claim.scope.get("*") \
+        or v.preset
     facts = f"; {v.scope}" if v.scope else ""
     return f"{text}{facts} [preset {v.preset}]" if v.preset != "any" else text
 
@@ -37,8 +44,7 @@ def split_headline(verdicts: list[Verdict]) -> tuple[list[Verdict], list[Verdict
     best: dict[str, Verdict] = {}
     for v in verdicts:
         cur = best.get(v.claim.id)
-        if cur is None or (v.kind != "not run", -RANK.get(v.preset, 9)) > (cur.kind != "not run",
-                                                                           -RANK.get(cur.preset, 9)):
+        if cur is None or (v.kind != "not run", -_rank(v.preset)) > (cur.kind != "not run", -_rank(cur.preset)):
             best[v.claim.id] = v
     chosen = set(map(id, best.values()))
     return [v for v in verdicts if id(v) in chosen], [v for v in verdicts if id(v) not in chosen]

@@ -32,7 +32,7 @@ from .data import StoreRows, matches, metric_rows, run_facts
 from .effects import arms_rows, budget_curve, cell_costs, comparison_effects, unit_of
 from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
-from .spec import Claim, Comparison, resolve
+from .spec import Claim, Comparison, base_preset, resolve
 
 ALPHA = 0.05
 KINDS = ("supported", "contradicted", "explained by a control", "inconclusive", "not decidable", "not run")
@@ -283,7 +283,7 @@ def _holm(partial) -> None:
 
 
 def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], same_as: str = "") -> Verdict:
-    paper_task = preset in claim.paper_task
+    paper_task = base_preset(preset) in claim.paper_task
     frame, _ = _claim_frame(claim, preset, rows)
     for r in results:
         t = stats.paired_test(r.effects, 1 - r.level)
