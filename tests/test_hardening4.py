@@ -4,11 +4,32 @@ process as they found it, and one failure loses nothing. Each test fails on the 
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 
 import attention_zoo as zoo
+from attention_zoo import bench, plugins, registry
+from attention_zoo.checks import MissingInputError
+from attention_zoo.claims import __main__ as claims_cli
+from attention_zoo.claims.__main__ import main as claims_main
+from attention_zoo.experiments import appendix_e_kde
+from attention_zoo.results import ResultStore
 from attention_zoo.variants import moa
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = {"device": "cpu", "warmup": 0, "min_time_s": 0.0, "min_repeats": 2}
 
 ATTENTIONS = zoo.list_attentions(include_controls=True)
 # (name, options): every registered attention in each of its flavours, and DCMHA's static mix, which adds an fp32
@@ -53,3 +74,199 @@ def test_moa_expert_matmul_follows_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert moa._expert_linear(inp, w, pos, offs, 1, 1).dtype == torch.bfloat16
     assert moa._expert_linear(inp.double(), w.double(), pos, offs, 1, 1).dtype == torch.float64
+
+
+# ---- library calls leave the caller's process as they found it ----------------------------------------------------
+def _python(code: str, **env) -> str:
+    """Run ``code`` in a fresh interpreter (this checkout first on the path; ``env`` values of None unset); its last
+    stdout line."""
+    full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), **env}.items() if v is not None}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_import_changes_nothing_in_the_callers_process():
+    """No environment variable (THP_MEM_ALLOC_ENABLE was set), thread count, default dtype, RNG state or warnings
+    filter differs after importing the package and its main modules."""
+    changed = _python("""
+        import json, os, random, warnings
+        import numpy as np, torch
+        def state():
+            return {"env": dict(os.environ), "threads": torch.get_num_threads(),
+                    "dtype": str(torch.get_default_dtype()),
+                    "rng": torch.get_rng_state().tolist(), "py_rng": random.getstate()[1][:8],
+                    "np_rng": np.random.get_state()[1][:8].tolist(), "warnings": [repr(f) for f in warnings.filters],
+                    "grad": torch.is_grad_enabled(), "matmul": torch.get_float32_matmul_precision()}
+        before = state()
+        import attention_zoo, attention_zoo.bench, attention_zoo.models, attention_zoo.measure
+        after = state()
+        print(json.dumps(sorted(k for k in before if before[k] != after[k])
+                         + sorted(k for k in after["env"] if after["env"].get(k) != before["env"].get(k))))
+    """, THP_MEM_ALLOC_ENABLE=None)
+    assert json.loads(changed) == []
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
+def test_benchmark_leaves_the_rng_and_the_heap_as_it_found_them():
+    """The caller's torch RNG stream is not reseeded or advanced; after the call glibc returns freed memory again
+    (the timing's kept-memory setting is restored) and the timing's padded heap is gone."""
+    rng_same, grown_mib, freed_mib = json.loads(_python("""
+        import json, torch
+        import attention_zoo as zoo
+        from attention_zoo import bench  # its imports are not the heap this test is about
+        def rss():
+            return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) / 1024
+        torch.manual_seed(123)
+        state = torch.get_rng_state()
+        before = rss()
+        zoo.benchmark("mha", [(1, 16, 32, 4)], device="cpu", warmup=1, min_time_s=0.0, min_repeats=2,
+                      memory=False)
+        rng_same = torch.equal(torch.get_rng_state(), state)
+        grown = rss() - before
+        t = torch.ones(1 << 24); held = rss(); del t
+        print(json.dumps([rng_same, grown, held - rss()]))
+    """))
+    assert rng_same
+    assert grown_mib < 200  # first-call imports and caches (~100 MiB); the timing's pad is at least 256 MiB
+    assert freed_mib > 48  # a freed 64 MiB tensor goes back to the kernel, as glibc's default does
+
+
+def test_benchmark_plot_keeps_the_callers_backend_and_rcparams(tmp_path):
+    same = json.loads(_python(f"""
+        import json, matplotlib
+        matplotlib.use("pdf")
+        matplotlib.rcParams["font.size"] = 13.0
+        import matplotlib.pyplot as plt
+        import pandas as pd
+        from attention_zoo import bench
+        before = dict(matplotlib.rcParams)
+        df = pd.DataFrame({{"status": ["ok"] * 2, "mode": ["fwd_bwd"] * 2, "compiled": [False] * 2,
+                           "variant": ["mha"] * 2, "flavor": ["paper"] * 2, "seq_len": [8, 16],
+                           "latency_median_ms": [1.0, 2.0], "peak_mib": [3.0, 5.0]}})
+        bench.plot(df, {str(tmp_path / "p.png")!r})
+        after = dict(matplotlib.rcParams)
+        print(json.dumps([matplotlib.get_backend().lower(), sorted(k for k in before if before[k] != after[k]),
+                          plt.get_fignums()]))
+    """, MPLBACKEND=None))
+    assert same == ["pdf", [], []]
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_appendix_e_writes_nothing_next_to_its_input(tmp_path):
+    """Table 1's folder is an input of App. E: no lock file (nor anything else) appears in it."""
+    made = ResultStore(tmp_path / "made", "table1_generation")
+    made.add({"preset": "smoke", "dataset": "digits", "variant": "mha", "flavor": "paper", "seed": 0},
+             [{"metric": "mse", "value": 1.0}])
+    inp = tmp_path / "table1"
+    inp.mkdir()
+    shutil.copy(made.path, inp / made.path.name)
+    before = sorted(p.name for p in inp.iterdir())
+    with pytest.raises(MissingInputError, match="no finished"):
+        appendix_e_kde.load_samples(inp, "smoke", "*", "paper", None, None)
+    assert sorted(p.name for p in inp.iterdir()) == before
+
+
+# ---- plugins in the memory subprocess; one failure loses nothing ---------------------------------------------------
+PLUGIN = '''
+import attention_zoo as zoo
+from attention_zoo.variants.mha import MultiHeadAttention
+
+
+@zoo.register_attention("{name}")
+class Plugin(MultiHeadAttention):
+    """MHA under another name{doc}."""
+{body}
+'''
+RAISING = '''
+    def _attend(self, x, masks, stack_context):
+        raise RuntimeError("plugin bug: boom")
+'''
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """Plugins registered by a test are gone afterwards, from the registry and from sys.modules."""
+    before, modules = dict(registry._REGISTRY), set(sys.modules)
+    monkeypatch.setenv(plugins.ENV, "")
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(before)
+    for name in set(sys.modules) - modules:
+        if name.startswith("h4_plugin"):
+            del sys.modules[name]
+
+
+def _import_plugin(tmp_path, monkeypatch, name: str, body: str = "") -> None:
+    (tmp_path / f"{name}.py").write_text(PLUGIN.format(name=name, doc="", body=body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module(name)
+
+
+def test_memory_of_an_imported_plugin_is_measured(tmp_path, monkeypatch, clean_registry):
+    """After ``import h4_plugin`` registered it (no --include), the memory child imports it too."""
+    _import_plugin(tmp_path, monkeypatch, "h4_plugin")
+    df = zoo.benchmark(["h4_plugin"], [(1, 16, 32, 4)], modes=("fwd",), **FAST, memory=True)
+    row = df[df["variant"] == "h4_plugin"].iloc[0]
+    assert row["status"] == "ok" and row["peak_mib"] == row["peak_mib"], row[["status", "message"]]
+
+
+def test_memory_of_a_plugin_no_child_can_import_is_not_an_ok_nan(clean_registry):
+    """A variant registered in ``__main__`` (a script, a notebook) cannot be imported by the child: the row says
+    so, never NaN marked ok."""
+    namespace = {}
+    exec(PLUGIN.format(name="h4_main", doc="", body=""), {"__name__": "__main__"}, namespace)
+    df = zoo.benchmark(["h4_main"], [(1, 16, 32, 4)], modes=("fwd",), **FAST, memory=True)
+    row = df[df["variant"] == "h4_main"].iloc[0]
+    assert row["status"] == "error" and "__main__" in row["message"]
+
+
+def test_one_failing_variant_loses_no_other_row(tmp_path, monkeypatch, clean_registry, capsys):
+    _import_plugin(tmp_path, monkeypatch, "h4_plugin_raises", RAISING)
+    df = zoo.benchmark(["h4_plugin_raises", "tha"], [(1, 16, 32, 4)], **FAST)
+    bad = df[df["variant"] == "h4_plugin_raises"]
+    assert len(bad) == 2 and (bad["status"] == "error").all() and bad["message"].str.contains("boom").all()
+    assert (df[df["variant"] != "h4_plugin_raises"]["status"] == "ok").sum() == 4
+    csv = tmp_path / "rows.csv"
+    code = bench.main(["--variants", "h4_plugin_raises", "--seq-len", "16", "--d-model", "32", "--heads", "4",
+                       "--batch", "1", "--device", "cpu", "--warmup", "0", "--min-time", "0.001",
+                       "--min-repeats", "2", "--no-memory", "--quiet", "--results-file", str(csv)])
+    assert code == 1 and "boom" in capsys.readouterr().err
+    rows = pd.read_csv(csv)
+    assert set(rows["status"]) == {"ok", "error"} and len(rows) == 4
+
+
+# ---- the claims command refuses bad input -------------------------------------------------------------------------
+def _synthetic_store(root: Path, value=lambda v, seed: v) -> ResultStore:
+    """A synthetic store at λ = 1 whose DAMCHA arm is 8-10 % below MHA on every seed (``value`` maps each stored
+    value, e.g. to text)."""
+    store = ResultStore(root / "synthetic", "synthetic", {"options": {"preset": "decide"}})
+    for seed in range(6):
+        for variant, v in (("mha", 0.2 + 0.02 * seed), ("damcha", (0.2 + 0.02 * seed) * (0.9 + 0.01 * (seed % 3)))):
+            store.add({"task": "regression", "lam": 1.0, "d_e": 8, "seed": seed, "variant": variant,
+                       "flavor": "paper"}, [{"metric": "test_mse", "value": value(v, seed), "unit": "mse"}])
+    return store
+
+
+def test_claims_reads_a_metric_stored_as_text_as_a_number(tmp_path, capsys):
+    _synthetic_store(tmp_path, lambda v, seed: str(v) if seed else "n/a")  # one seed's value is not a number
+    assert claims_main(["--results", str(tmp_path)]) == 0
+    assert re.search(r"I\.lambda1\s+\[decide\] supported", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("option", ["--md", "--csv"])
+def test_claims_refuses_a_directory_as_output_before_any_work(tmp_path, capsys, monkeypatch, option):
+    _synthetic_store(tmp_path)
+    monkeypatch.setattr(claims_cli, "verdicts_for", lambda *a: pytest.fail("computed before checking the output"))
+    assert claims_main(["--results", str(tmp_path), option, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {option[2:]}:") and "is a directory" in err and "Traceback" not in err
+
+
+def test_claims_names_unknown_experiments(tmp_path, capsys):
+    _synthetic_store(tmp_path)
+    assert claims_main(["--results", str(tmp_path), "--experiments", "synthetic,synthetc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: experiments: unknown 'synthetc'") and "known:" in err and "synthetic" in err
+    assert not (tmp_path / "claims.md").exists()

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_freed_memory, setup_threads
+from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_wanted, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
            f"threads {torch.get_num_threads()}")
     if device.type == "cpu":
         env += f", huge pages {({True: 'on', False: 'off'}).get(huge_pages(), 'unknown')} (THP_MEM_ALLOC_ENABLE)"
-        kept = {True: "kept for reuse", False: "returned"}.get(retain_freed_memory(), "unknown")
+        kept = {True: "kept for reuse", False: "returned"}.get(retain_wanted(), "unknown")
         env += f", freed memory {kept} while timing (ATTENTION_ZOO_MALLOC_RETAIN)"
     print(env)
     todo = cases(names, args)
