@@ -61,6 +61,18 @@ def non_negative_float(raw: str) -> float:
     return v
 
 
+def device_arg(raw: str) -> str:
+    """argparse type of every ``--device``: auto, or a device this machine has (``envinfo.resolve_device``), so a
+    script refuses ``tpu`` or a missing GPU before it does any work. Kept as given (``auto`` resolves later)."""
+    from .envinfo import resolve_device  # here: envinfo imports torch, which a --help need not wait for
+
+    try:
+        resolve_device(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("device: ")) from None
+    return raw
+
+
 def positive_float(raw: str) -> float:
     v = non_negative_float(raw)
     if v == 0:

@@ -238,13 +238,22 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available else cpu. Raises ValueError for cuda without a GPU."""
+    """``auto`` -> cuda when available else cpu; ``cpu``, ``cuda`` and ``cuda:N`` only where they exist.
+
+    Raises:
+        ValueError: another name (``tpu``, ``mps``, ``cuda:x``), or a GPU that this machine does not have (the
+            message names the device asked for).
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device: expected auto, cpu or cuda[:N], got {device!r}")
+    index = device.partition(":")[2]
+    if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and index.isdigit()):
+        raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device: cuda requested but torch.cuda.is_available() is False")
+        raise ValueError(f"device: {device!r} requested but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r} requested but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     return torch.device(device)
 
 

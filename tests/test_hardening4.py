@@ -24,7 +24,9 @@ from attention_zoo import bench, plugins, registry
 from attention_zoo.checks import MissingInputError
 from attention_zoo.claims import __main__ as claims_cli
 from attention_zoo.claims.__main__ import main as claims_main
-from attention_zoo.experiments import appendix_e_kde
+from attention_zoo.envinfo import resolve_device
+from attention_zoo.experiments import appendix_e_kde, run_all, synthetic, table7_complexity
+from attention_zoo.measure import quick
 from attention_zoo.results import ResultStore
 from attention_zoo.variants import moa
 
@@ -270,3 +272,76 @@ def test_claims_names_unknown_experiments(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: experiments: unknown 'synthetc'") and "known:" in err and "synthetic" in err
     assert not (tmp_path / "claims.md").exists()
+
+
+# ---- cluster failures report like local ones ---------------------------------------------------------------------
+SWEEP = ["--seeds", "0", "--lambda", "1", "--task", "regression", "--workers", "1", "--threads", "1", "--quiet",
+         "--steps", "2"]
+LOCAL_EXECUTOR = ["--launcher", "submitit", "--submitit-cluster", "local", "--slurm-retries", "0"]
+
+
+def _exit_code(main, argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        return exc.code
+
+
+@pytest.mark.parametrize("flags,arg", [
+    (["--slurm-extra", "bogus_param=1", "--submitit-cluster", "local"], "slurm-extra"),
+    (["--slurm-extra", "slurm_time=-5", "--submitit-cluster", "local"], "slurm-extra"),
+    (["--slurm-extra", "slurm_nodes=two", "--submitit-cluster", "local"], "slurm-extra"),
+    (["--slurm-time", "-5", "--submitit-cluster", "local"], "--slurm-time"),
+    (["--slurm-array-parallelism", "0", "--submitit-cluster", "local"], "--slurm-array-parallelism"),
+    (["--slurm-retries", "-1", "--submitit-cluster", "local"], "--slurm-retries"),
+    (["--slurm-partition", "gpu"], "launcher")])  # no sbatch on PATH: submitit would run the grid right here
+def test_slurm_settings_are_refused_before_anything_is_submitted(tmp_path, capsys, monkeypatch, flags, arg):
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch
+    code = _exit_code(synthetic.main, ["--variants", "mha", *SWEEP, "--out", str(tmp_path / "o"),
+                                       "--launcher", "submitit", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert [ln for ln in err.splitlines() if "error:" in ln][0].split("error: ")[1].startswith(arg.lstrip("-")) or \
+        f"argument {arg}" in err
+    assert not (tmp_path / "o" / "_cache" / "submitit" / "jobs").exists()
+    store = tmp_path / "o" / "synthetic.jsonl"
+    assert not store.exists() or '"cell"' not in store.read_text()  # nothing ran
+
+
+@pytest.mark.parametrize("variants", ["h4_boom", "h4_boom,mha"], ids=["all cells fail", "one arm fails"])
+def test_failed_cells_give_the_same_exit_code_on_both_launchers_and_the_report_renders(tmp_path, capsys, variants,
+                                                                                       clean_registry):
+    plugin = tmp_path / "h4_boom.py"
+    plugin.write_text(PLUGIN.format(name="h4_boom", doc="", body=RAISING))
+    common = ["--variants", variants, *SWEEP, "--include", str(plugin)]
+    local = synthetic.main([*common, "--out", str(tmp_path / "local")])
+    cluster = synthetic.main([*common, "--out", str(tmp_path / "cluster"), *LOCAL_EXECUTOR])
+    err = capsys.readouterr().err
+    assert local == cluster == 1 and "Traceback" not in err and err.count("plugin bug: boom") >= 2
+    stored = ResultStore(tmp_path / "cluster", "synthetic").frame(every_context=True)
+    assert set(stored.loc[stored["variant"] == "h4_boom", "status"]) == {"error"}
+    assert "h4_boom" in (tmp_path / "cluster" / "synthetic.md").read_text()  # the report names the failed cells
+
+
+# ---- scripts refuse a device they cannot use ----------------------------------------------------------------------
+DEVICE_SCRIPTS = {"appendix_e_kde": appendix_e_kde.main, "synthetic": synthetic.main,
+                  "table7_complexity": table7_complexity.main, "bench": bench.main, "quick": quick.main,
+                  "all": run_all.main}
+BAD_DEVICES = ["tpu", "cuda:x", "mps"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"])
+
+
+@pytest.mark.parametrize("device", BAD_DEVICES)
+@pytest.mark.parametrize("script", list(DEVICE_SCRIPTS))
+def test_every_script_refuses_a_device_it_cannot_use_before_any_work(tmp_path, capsys, script, device):
+    code = _exit_code(DEVICE_SCRIPTS[script], ["--device", device, "--out", str(tmp_path / "o")]
+                      if script not in ("bench", "quick") else ["--device", device])
+    err = capsys.readouterr().err
+    assert code == 2 and "argument --device" in err and repr(device) in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_resolve_device_names_what_is_missing():
+    with pytest.raises(ValueError, match="^device: expected auto, cpu, cuda or cuda:N, got 'tpu'"):
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match=r"^device: 'cuda:99' requested"):
+        resolve_device("cuda:99")
