@@ -345,3 +345,51 @@ def test_resolve_device_names_what_is_missing():
         resolve_device("tpu")
     with pytest.raises(ValueError, match=r"^device: 'cuda:99' requested"):
         resolve_device("cuda:99")
+
+
+# ---- swaps that would silently change a pretrained model -----------------------------------------------------------
+def _llama(**kw):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64, "pad_token_id": 0,
+           "bos_token_id": 1, "eos_token_id": 2, "attn_implementation": "sdpa", **kw}
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
+
+
+def test_a_damcha_swap_copies_what_damcha_has_and_reports_the_growth():
+    model = _llama(attention_bias=True)
+    host = model.model.layers[1].self_attn
+    v, o, v_bias = host.v_proj.weight.clone(), host.o_proj.weight.clone(), host.v_proj.bias.clone()
+    before = sum(p.numel() for p in model.parameters())
+    with pytest.warns(UserWarning) as caught:
+        zoo.swap_attention(model, "damcha")  # the default generator: far larger than the host
+    texts = [str(w.message) for w in caught]
+    assert any("grew the model" in t and f"{before:,}" in t for t in texts)
+    assert any("no place for the host's q, k projection(s)" in t for t in texts)
+    attn = model.model.layers[1].self_attn.attn
+    assert torch.equal(attn.v_proj.weight, v) and torch.equal(attn.out_proj.weight, o)
+    assert torch.equal(attn.v_proj.bias, v_bias)
+    info = model.attention_zoo_swap
+    assert info["params_before"] == before and info["params_after"] == sum(p.numel() for p in model.parameters())
+    assert info["params_after"] > 2 * before and info["copied"] == ["v", "out"]
+
+
+def test_a_damcha_swap_refuses_hosts_it_cannot_copy_faithfully():
+    timm = pytest.importorskip("timm")
+    vit = timm.models.vision_transformer.VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=1,
+                                                           num_heads=4, qk_norm=True)
+    with pytest.raises(ValueError, match=r"^model\.blocks\.0\.attn: cannot copy .*'damcha'.*qk_norm"):
+        zoo.swap_attention(vit, "damcha", hidden_dims=(16,))
+    with pytest.raises(ValueError, match=r"cannot copy .*'damcha'.*num_key_value_heads=2"):
+        zoo.swap_attention(_llama(num_key_value_heads=2), "damcha", hidden_dims=(16,))
+    assert zoo.swap_attention(vit, "damcha", hidden_dims=(16,), copy_weights=False)(torch.randn(1, 3, 16, 16)) \
+        .shape == (1, 1000)
+
+
+def test_generate_with_hf_defaults_works_after_a_stack_shared_swap():
+    model = zoo.swap_attention(_llama(), "damcha", hidden_dims=(16,), copy_weights=False).eval()
+    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kw), model.generate(ids, use_cache=False, **kw))
+    assert model.generation_config.use_cache is False and model.attention_zoo_swap["use_cache"] is False
