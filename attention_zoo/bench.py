@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .cli import HelpFormatter, cli_main, device_arg, non_negative_int, positive_float, positive_int
+from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_savefig, atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="what is timed")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="fp32, or bf16/fp16 under autocast")
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd modules")
-    p.add_argument("--device", type=device_arg, default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
     p.add_argument("--repeats", type=positive_int, default=None, help="a fixed number of timed rounds")

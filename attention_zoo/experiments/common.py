@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI helpers from here
+    DeviceAction,
     HelpFormatter,
     cli_main,
-    device_arg,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -34,7 +34,8 @@ def base_parser(name: str, description: str, default_seeds: list[int] | None = N
     do not use them; ``presets``: the script's preset names (smoke and paper, and e.g. decide).
     """
     p = argparse.ArgumentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
-    p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto",
+                   help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--preset", choices=presets, default="smoke",
                    help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration"
                         + ("; decide: trained to a plateau with enough seeds to decide the claims on a CPU"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli import HelpFormatter, cli_main, device_arg, non_negative_int, positive_int
+from ..cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_int
 from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_wanted, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
@@ -248,7 +248,7 @@ def plot(rows: dict, path, title: str, memory_unit: str = "peak memory") -> list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.measure.quick", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--device", type=device_arg, default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated names/wildcards (default: {BASELINE},{METHOD} where registered)")
     p.add_argument("--batch", type=positive_int, default=4)
