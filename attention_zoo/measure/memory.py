@@ -31,9 +31,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from .. import plugins
 from ..checks import check_positive_int
 from ..registry import get_attention_spec
 from ..workers import child_preexec, die_with_parent
@@ -66,7 +68,8 @@ def memory_item(workload: dict, mode: str = "train", optimizer_in_region: bool =
             "threads": threads}
     module = get_attention_spec(spec["attention"]).cls.__module__
     if module.split(".")[0] != "attention_zoo":  # a user's registration: the fresh child process must import it too
-        item["plugin"] = {"module": module, "sys_path": [p for p in sys.path if isinstance(p, str)]}
+        item["plugin"] = {"module": module, "file": getattr(sys.modules.get(module), "__file__", None),
+                          "sys_path": [p for p in sys.path if isinstance(p, str)]}
     return item
 
 
@@ -83,9 +86,15 @@ def _import_plugin(plugin: dict | None) -> None:
     if module == "__main__":
         raise ValueError("attention: registered in __main__ (a script or notebook), which the memory-measuring "
                          "child process cannot import; register it in an importable module")
+    if module in sys.modules:  # e.g. an --include'd plugin, which $ATTENTION_ZOO_INCLUDE loaded here
+        return
     sys.path.extend(p for p in plugin["sys_path"] if p not in sys.path)
+    file = plugin.get("file")
     try:
-        importlib.import_module(module)
+        if file and module == plugins.module_name(Path(file)):  # an --include'd file: imported from its path
+            plugins.load_plugins([file])
+        else:
+            importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - reported as the row's reason
         raise ValueError(f"attention: the memory-measuring child process cannot import {module!r}, which "
                          f"registered it ({short_message(exc)})") from exc
