@@ -48,9 +48,13 @@ PRECISIONS = {"bf16 autocast": (torch.float32, torch.bfloat16), "fp16 autocast":
               "bf16 weights": (torch.bfloat16, None)}
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def _train_step(model, inputs, autocast_dtype) -> tuple[torch.Tensor, list[str]]:
     """One forward and backward; (the output, the parameters whose gradient is missing or not finite)."""
-    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+    device = inputs.device.type
+    with torch.autocast(device, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
         out = model(inputs)
         out = out[0] if isinstance(out, tuple) else out
         loss = out.float().square().mean()
@@ -60,17 +64,18 @@ def _train_step(model, inputs, autocast_dtype) -> tuple[torch.Tensor, list[str]]
     return out, bad
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize(("name", "options"), LOW_PRECISION_CASES, ids=lambda v: v if isinstance(v, str) else
                          ",".join(f"{k}={o}" for k, o in v.items()))
-def test_every_attention_trains_in_low_precision_as_a_layer_and_in_a_decoder(name, options, precision):
+def test_every_attention_trains_in_low_precision_as_a_layer_and_in_a_decoder(name, options, precision, device):
     weights, autocast_dtype = PRECISIONS[precision]
     torch.manual_seed(0)
-    layer = zoo.create_attention(name, d_model=32, n_heads=4, causal=True, **options).to(weights)
-    out, bad = _train_step(layer, torch.randn(2, 8, 32, dtype=weights), autocast_dtype)
+    layer = zoo.create_attention(name, d_model=32, n_heads=4, causal=True, **options).to(device, weights)
+    out, bad = _train_step(layer, torch.randn(2, 8, 32, dtype=weights, device=device), autocast_dtype)
     assert out.dtype == (autocast_dtype or weights) and torch.isfinite(out).all() and not bad, bad
-    decoder = zoo.models.Decoder(50, 32, 2, 4, attention=name, attention_options=options).to(weights)
-    out, bad = _train_step(decoder, torch.randint(0, 50, (2, 8)), autocast_dtype)
+    decoder = zoo.models.Decoder(50, 32, 2, 4, attention=name, attention_options=options).to(device, weights)
+    out, bad = _train_step(decoder, torch.randint(0, 50, (2, 8), device=device), autocast_dtype)
     assert torch.isfinite(out).all() and not bad, bad
 
 
