@@ -21,7 +21,14 @@ from attention_zoo.cli import cli_main
 from attention_zoo.data import images, seq2seq, text
 from attention_zoo.data.fetch import DatasetError, DatasetNotFoundError
 from attention_zoo.envinfo import resolve_device
-from attention_zoo.experiments import appendix_e_kde, run_all, synthetic, table5_gpt2, table7_complexity
+from attention_zoo.experiments import (
+    appendix_e_kde,
+    run_all,
+    synthetic,
+    table5_gpt2,
+    table6_vit,
+    table7_complexity,
+)
 from attention_zoo.measure import quick
 from attention_zoo.results import ResultStore
 
@@ -134,6 +141,18 @@ def test_failed_cells_give_the_same_exit_code_on_both_launchers_and_the_report_r
     stored = ResultStore(tmp_path / "cluster", "synthetic").frame(every_context=True)
     assert set(stored.loc[stored["variant"] == "h4_boom", "status"]) == {"error"}
     assert "h4_boom" in (tmp_path / "cluster" / "synthetic.md").read_text()  # the report names the failed cells
+
+
+def test_a_table_report_renders_from_a_store_of_error_rows_only(tmp_path, capsys, clean_registry):
+    """Table 6's report (pivots of the metrics, which error rows lack) from a sweep whose every cell failed."""
+    plugin = tmp_path / "h4_boom.py"
+    plugin.write_text(BOOM)
+    out = tmp_path / "t6"
+    code = table6_vit.main(["--variants", "h4_boom", "--flavour", "paper", "--steps", "2", "--eval-batches", "1",
+                            "--seeds", "0", "--include", str(plugin), "--out", str(out), "--device", "cpu",
+                            "--quiet", *LOCAL_EXECUTOR])
+    assert code == 1 and "Traceback" not in capsys.readouterr().err
+    assert (out / "table6_vit.md").is_file()
 
 
 # ---- scripts refuse a device they cannot use ----------------------------------------------------------------------
