@@ -27,10 +27,15 @@ means), so each adapter checks every call of more than one position: a causal ca
 every future key) to a non-causal attention, or the reverse, raises a ValueError naming the module path and the
 ``causal=`` to pass.
 
-With ``copy_weights=True`` (default) the host's q/k/v and output projections (and biases; a missing host bias is
-copied as zero) are copied into any new attention that has the MHA projection layout (a ``qkv`` Linear D→3D and
-an ``out_proj`` Linear D→D): with ``name="mha"`` the swapped model reproduces the original's outputs. Variants with
-other parameters keep their own initialisation for those. Width, heads and attention dropout are the host's: the
+With ``copy_weights=True`` (default) the host's projections (and biases; a missing host bias is copied as zero) are
+copied where the new attention has a faithful place for them (``host_weights.py``): all four in the MHA layout (with
+``name="mha"`` the swapped model reproduces the original's outputs), V and the output projection in variants with a
+query/key path of their own (DAMCHA, ColMHA); a warning names what stays freshly initialised. The swap records the
+parameter counts before and after and the parts copied as ``model.attention_zoo_swap`` (and logs them on the
+``attention_zoo`` logger), and warns when the model grows more than 2×. After a stack-shared swap an HF model's
+``config`` and ``generation_config`` get ``use_cache=False``, so ``model.generate(ids)`` works with its defaults.
+
+Width, heads and attention dropout are the host's: the
 options ``d_model``, ``n_heads``, ``dropout`` (and the backbone's ``stack``, ``n_layers``, ``rotary``) are refused.
 
 Stack-shared variants (spec flag ``stack_shared``) get one shared module per stack of swapped layers, built with the
@@ -55,6 +60,7 @@ from torch import Tensor, nn
 
 from .hf_adapters import GPT2AttentionAdapter, LlamaAttentionAdapter
 from .host_adapters import HostLayout, TimmAttentionAdapter, TorchMultiheadAttentionAdapter, _fail, _Swapped
+from .host_weights import PARTS, copy_projections, copy_targets, disable_cache, n_params, report_swap
 from .registry import create_attention, get_attention_spec
 from .variants.base import StackShare
 
@@ -174,24 +180,6 @@ def _stack_key(name: str) -> str:
 
 
 # ---- building ----------------------------------------------------------------------------------------------
-def _has_mha_layout(attn: nn.Module, D: int) -> bool:
-    qkv, out = getattr(attn, "qkv", None), getattr(attn, "out_proj", None)
-    return (isinstance(qkv, nn.Linear) and isinstance(out, nn.Linear) and tuple(qkv.weight.shape) == (3 * D, D)
-            and tuple(out.weight.shape) == (D, D))
-
-
-@torch.no_grad()
-def _copy_projections(attn: nn.Module, weights: tuple, path: str) -> None:
-    w_in, b_in, w_out, b_out = weights
-    for lin, w, b, what in ((attn.qkv, w_in, b_in, "q/k/v"), (attn.out_proj, w_out, b_out, "output")):
-        lin.weight.copy_(w)
-        if lin.bias is not None:
-            lin.bias.copy_(b) if b is not None else lin.bias.zero_()
-        elif b is not None and bool((b != 0).any()):
-            raise _fail(path, f"the host's {what} projection has a bias but the new attention was built without "
-                              "one (bias=False)")
-
-
 def _find_hosts(model: nn.Module, root: str):
     found, unknown = [], []
     inside = set()
@@ -295,6 +283,7 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
     if "bias" in spec.options and "bias" not in opts:
         opts["bias"] = any(lay.weights[1] is not None or lay.weights[3] is not None for lay in layouts)
 
+    before, copied = n_params(model), set(PARTS)
     is_causal = [causal if causal is not None else lay.causal for lay in layouts]
     stacks = _build_stacks(root_name, spec, hosts, layouts, is_causal, opts) if spec.stack_shared else {}
     adapters: dict[str, list] = {}
@@ -317,11 +306,14 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
         if bad:
             raise _fail(path, f"rotary: the host's rotary width {r} does not divide the width {bad[0]} of the "
                               f"vectors {name!r} rotates (rotary_widths())")
-        if copy_weights and _has_mha_layout(attn, lay.d_model):
+        targets = copy_targets(attn, lay.d_model) if copy_weights else {}
+        if targets:
             if lay.why_not_copy is not None:
-                raise _fail(path, f"cannot copy the host's weights faithfully: {lay.why_not_copy}; pass "
-                                  "copy_weights=False to swap in a freshly initialised attention")
-            _copy_projections(attn, lay.weights, path)
+                raise _fail(path, f"cannot copy the host's weights faithfully into {name!r} (it takes the host's "
+                                  f"{', '.join(targets)} projections): {lay.why_not_copy}; pass copy_weights=False "
+                                  "to swap in a freshly initialised attention")
+            copy_projections(targets, lay.weights, lay.d_model, path)
+        copied &= set(targets)  # the parts every swapped layer took
         adapter = kind.from_host(attn, path, host)
         adapter.layer_idx = layer_idx
         adapter.train(host.training)
@@ -347,4 +339,6 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
     for module in model.modules():  # nested-tensor fast path would hand our adapters NestedTensors
         if isinstance(module, nn.TransformerEncoder):
             module.use_nested_tensor = False
+    no_cache = bool(stacks) and disable_cache(model)  # a stack context covers the whole sequence
+    report_swap(model, root_name, name, before, copied, copy_weights, no_cache)
     return model

@@ -28,14 +28,15 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .cli import HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
+from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_savefig, atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
 from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
 from .measure.memory import measure_memory_many, memory_item
 from .measure.status import failure_status, free_memory, short_message
-from .measure.workload import build_workload, workload_spec
+from .measure.workload import build_workload, private_rng, workload_spec
+from .plots import _plt, themed
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
 from .results import ensure_out_file
@@ -76,11 +77,9 @@ def _case_spec(name: str, flavor: str, shape, causal: bool, amp: str | None) -> 
 
 
 def _failure_row(base: dict, exc: BaseException) -> dict:
-    """An ``oom`` or ``nan`` row; any other error is a bug and propagates."""
-    status = failure_status(exc)
-    if status is None:
-        raise exc
-    return {**base, "status": status, "message": short_message(exc)}
+    """An ``oom`` or ``nan`` row, or an ``error`` row with the exception for anything else: one case's failure
+    never loses the others' rows."""
+    return {**base, "status": failure_status(exc) or "error", "message": short_message(exc)}
 
 
 def compile_fallbacks(model: torch.nn.Module) -> list[str]:
@@ -166,8 +165,8 @@ def _memory(rows: list[dict], specs: dict, device: torch.device) -> None:
     kind = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
     for r, res in zip(todo, measure_memory_many(items, device, workers=1) if items else []):
         r["peak_mib"], r["memory_kind"] = res.get(kind), kind
-        if res["status"] != "ok":
-            r["message"] = f"memory: {res['status']} {res['message']}"
+        if res["status"] != "ok":  # never a NaN marked ok: the row carries the measurement's status and reason
+            r["status"], r["message"] = res["status"], f"memory: {res['message']}"
             print(f"warning: {r['variant']}/{r['flavor']} {r['mode']}: peak memory not measured ({res['message']})",
                   file=sys.stderr)
 
@@ -227,6 +226,17 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
         raise ValueError(f"flavors: expected paper and/or damcha_repo, got {list(flavors)!r}")
     device = resolve_device(str(device))
     timing = {"warmup": warmup, "repeats": repeats, "min_time_s": min_time_s, "min_repeats": min_repeats}
+    with private_rng(device):
+        rows, specs = _run(names, shapes, device, dtype, modes, compile, flavors, causal, timing, progress)
+    if memory:
+        _memory(rows, specs, device)
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    df["compiled"] = df["compiled"].astype(bool)
+    return _ratios(df)
+
+
+def _run(names, shapes, device, dtype, modes, compile, flavors, causal, timing, progress) -> tuple[list, dict]:
+    """Every case's rows, shape by shape, and the workload spec of each (variant, flavour, shape)."""
     rows, specs = [], {}
     for shape in tqdm(shapes, desc="bench", disable=not progress, unit="shape"):
         cases = {}
@@ -241,16 +251,12 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
                         "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
                 cases[(name, flavor)] = (base, spec)
         rows += _time_shape(cases, device, modes, compile, timing)
-    if memory:
-        _memory(rows, specs, device)
-    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    df["compiled"] = df["compiled"].astype(bool)
-    return _ratios(df)
+    return rows, specs
 
 
+@themed
 def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
     """Latency and peak memory vs sequence length, one line per variant/flavour (log-log), for ``mode``."""
-    from .plots import _plt
 
     plt, sns = _plt()
     ok = df[(df["status"] == "ok") & (df["mode"] == mode) & ~df["compiled"]].copy()
@@ -268,7 +274,6 @@ def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
         ax.set_ylabel(label)
     fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 
@@ -289,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="what is timed")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="fp32, or bf16/fp16 under autocast")
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd modules")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed rounds")
     p.add_argument("--repeats", type=positive_int, default=None, help="a fixed number of timed rounds")
@@ -329,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                    compile=args.compile, flavors=flavors, causal=args.causal, memory=args.memory,
                    warmup=args.warmup, repeats=args.repeats, min_time_s=args.min_time,
                    min_repeats=args.min_repeats, progress=not args.quiet)
+    errors = df[df["status"] == "error"]
+    for r in errors.itertuples():
+        print(f"warning: {r.variant}/{r.flavor} {r.mode} T={r.seq_len}: failed ({r.message})", file=sys.stderr)
     for r in df[df["unstable"] == True].itertuples():  # noqa: E712 - NaN rows (failed cases) are not unstable
         print(f"warning: {r.variant}/{r.flavor} {r.mode} T={r.seq_len}: unstable timing ({r.unstable_reason})",
               file=sys.stderr)
@@ -344,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 "achieved_gflops", "unstable"]
         with pd.option_context("display.width", 200, "display.max_columns", 20):
             print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    return 0
+    return 1 if len(errors) else 0  # as the sweep launchers: every row written, the failure in the exit code
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ def check_real(name: str, value, minimum: float | None = None) -> float:
     return float(value)
 
 
+class InputSetupError(RuntimeError):
+    """Input data that could not be set up (a failed download, a checksum mismatch, an unreadable archive): the
+    message names it and says what to do. Every CLI reports it as one ``error:`` line with exit code 2."""
+
+
 class MissingInputError(FileNotFoundError):
     """Data, weights or another run's results that are not on disk (and may not be fetched): the message says how
     to provide them. Every CLI reports it as one ``error:`` line with exit code 2, like a bad argument."""

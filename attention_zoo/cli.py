@@ -9,7 +9,7 @@ import functools
 import math
 import sys
 
-from .checks import MissingInputError
+from .checks import InputSetupError, MissingInputError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -61,6 +61,18 @@ def non_negative_float(raw: str) -> float:
     return v
 
 
+class DeviceAction(argparse.Action):
+    """``--device`` of every CLI: auto, or a device this machine has (``envinfo.resolve_device``), checked while the
+    command line is parsed, so a script refuses ``tpu`` or a missing GPU before any work, with one ``error:`` line
+    (``cli_main``) naming it. The value stays as given (``auto`` is resolved by the script)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .envinfo import resolve_device  # here: envinfo imports torch, which a --help need not wait for
+
+        resolve_device(values)
+        setattr(namespace, self.dest, values)
+
+
 def positive_float(raw: str) -> float:
     v = non_negative_float(raw)
     if v == 0:
@@ -70,14 +82,15 @@ def positive_float(raw: str) -> float:
 
 def cli_main(main):
     """Decorator for a script's ``main(argv)``: a ValueError (our bad-input errors, whose message names the
-    argument) or a MissingInputError (data or weights not on disk; the message says how to get them) becomes one
-    line ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead of a traceback."""
+    argument), a MissingInputError (data or weights not on disk; the message says how to get them) or an
+    InputSetupError (data that could not be downloaded or verified; the message says what to do) becomes one line
+    ``error: <message>`` on stderr and exit code 2, like argparse's own errors, instead of a traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
         try:
             return main(argv)
-        except (ValueError, MissingInputError) as exc:
+        except (ValueError, MissingInputError, InputSetupError) as exc:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
 

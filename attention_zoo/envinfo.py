@@ -40,8 +40,8 @@ def cpu_model() -> str:
 
 
 def huge_pages() -> bool | None:
-    """Whether this process's large CPU tensors sit on transparent huge pages (``THP_MEM_ALLOC_ENABLE``, set by
-    ``import attention_zoo`` unless the environment says otherwise, or the kernel's ``always`` mode): an 8 MiB
+    """Whether this process's large CPU tensors sit on transparent huge pages (``THP_MEM_ALLOC_ENABLE=1``, which the
+    user or a ``reproduce/*.py`` script sets, or the kernel's ``always`` mode): an 8 MiB
     tensor is touched and /proc/self/smaps is asked for the huge pages of its mapping. None off Linux."""
     t = torch.ones(1 << 21)  # 8 MiB of fp32, every page touched
     ptr = t.data_ptr()
@@ -60,9 +60,30 @@ def huge_pages() -> bool | None:
     return None
 
 
-# glibc mallopt parameters (malloc.h)
+# glibc mallopt parameters (malloc.h) and the defaults a scoped setting restores: M_MMAP_MAX 65536, M_TRIM_THRESHOLD
+# 128 KiB. Any mallopt call also ends glibc's dynamic mmap threshold (it stays at the last value it reached).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-_retained: list[bool] = []  # whether retain_freed_memory applied in this process (empty: not asked)
+_DEFAULT_MMAP_MAX, _DEFAULT_TRIM_THRESHOLD = 65536, 128 * 1024
+_retained: list[bool] = []  # whether the last timing kept freed memory (empty: no timing yet)
+_depth = [0]  # SteadyHeap scopes open in this process: the outermost applies and restores
+
+
+def _glibc():
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def retain_wanted() -> bool | None:
+    """Whether timing would keep freed memory (``SteadyHeap``): False where opted out
+    (``ATTENTION_ZOO_MALLOC_RETAIN=0``), None where the C library is not glibc. Changes nothing."""
+    if os.environ.get("ATTENTION_ZOO_MALLOC_RETAIN", "1") == "0":
+        return False
+    return None if _glibc() is None else True
 
 
 def retain_freed_memory() -> bool | None:
@@ -70,24 +91,27 @@ def retain_freed_memory() -> bool | None:
     for large blocks, no trimming), so that a buffer made afresh each step (DAMCHA's 134 MB generator-weight
     gradient at D = 256) reuses pages the process already holds instead of faulting new ones in. On a virtual
     machine a first touch of pages can cost many times a rewrite of held ones, and that cost falls on the variants
-    that allocate the most per step. Values are unchanged. Called by the timing loops (``measure.latency``) on CPU;
-    peak memory is measured in fresh child processes that keep the default. ``ATTENTION_ZOO_MALLOC_RETAIN=0`` opts
-    out. Returns True where applied, False where opted out or
-    refused, None where the C library is not glibc."""
-    if _retained:
-        return _retained[0]
-    if os.environ.get("ATTENTION_ZOO_MALLOC_RETAIN", "1") == "0":
-        _retained.append(False)
-        return False
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
-    ok = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
-    _retained.append(ok)
+    that allocate the most per step. Values are unchanged. Used only inside ``SteadyHeap``, which restores glibc's
+    defaults on exit (``restore_malloc_defaults``); peak memory is measured in fresh child processes that keep the
+    default. Returns True where applied, False where opted out or refused, None where the C library is not glibc."""
+    wanted = retain_wanted()
+    if not wanted:
+        ok = wanted
+    else:
+        libc = _glibc()
+        ok = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    _retained[:] = [] if ok is None else [ok]
     return ok
+
+
+def restore_malloc_defaults() -> None:
+    """glibc's default ``mallopt`` settings again, and the kept memory (the timing's pad included) handed back to
+    the kernel (``malloc_trim``). Nothing where the C library is not glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+        libc.malloc_trim(0)
 
 
 def _resident_bytes() -> int | None:
@@ -107,20 +131,33 @@ def _available_bytes() -> int | None:
 
 
 class SteadyHeap:
-    """Brings a process that keeps freed memory (``retain_freed_memory``) to a steady footprint before timing.
+    """A scope in which a process keeps freed memory (``retain_freed_memory``) and has a steady footprint for timing.
 
     Kept memory is reused, but where freed blocks are fragmented a step that needs a larger one grows the heap, and
     the new pages are faulted in during that step, which then stands out from the other rounds.
-    Made before the warm-up (on CPU it first asks for kept memory), ``settle()`` after it: one block as large as the
+    Entered before the warm-up (on CPU it asks for kept memory), ``settle()`` after it: one block as large as the
     warm-up's growth (at least 256 MiB, at most 1 GiB and an eighth of the available memory) is touched and freed, so
-    that it stays resident at the top of the heap and later growth is served from it. Nothing happens on other
-    devices or where memory is not kept."""
+    that it stays resident at the top of the heap and later growth is served from it. On exit glibc's defaults are
+    restored and the kept memory trimmed (``restore_malloc_defaults``): the caller's process is left as it was found.
+    Nothing happens on other devices or where memory is not kept."""
 
     def __init__(self, device: torch.device | str):
         self.cpu = torch.device(device).type == "cpu"
+        self.rss = None
+
+    def __enter__(self) -> SteadyHeap:
         if self.cpu:
-            retain_freed_memory()
+            _depth[0] += 1
+            if _depth[0] == 1:
+                retain_freed_memory()
         self.rss = _resident_bytes()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cpu:
+            _depth[0] -= 1
+            if _depth[0] == 0 and malloc_retained():
+                restore_malloc_defaults()
 
     def settle(self) -> int:
         """Touch and free the pad; returns its size in bytes (0 where nothing was done)."""
@@ -135,7 +172,7 @@ class SteadyHeap:
 
 
 def malloc_retained() -> bool | None:
-    """Whether this process keeps freed CPU memory (``retain_freed_memory``); None where never asked."""
+    """Whether this process's last timing kept freed CPU memory (``retain_freed_memory``); None before any."""
     return _retained[0] if _retained else None
 
 
@@ -210,13 +247,22 @@ def environment_record(device: torch.device | str = "cpu", **extra) -> dict:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available else cpu. Raises ValueError for cuda without a GPU."""
+    """``auto`` -> cuda when available else cpu; ``cpu``, ``cuda`` and ``cuda:N`` only where they exist.
+
+    Raises:
+        ValueError: another name (``tpu``, ``mps``, ``cuda:x``), or a GPU that this machine does not have (the
+            message names the device asked for).
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device: expected auto, cpu or cuda[:N], got {device!r}")
+    index = device.partition(":")[2]
+    if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and index.isdigit()):
+        raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device: cuda requested but torch.cuda.is_available() is False")
+        raise ValueError(f"device: {device!r} requested but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r} requested but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     return torch.device(device)
 
 

@@ -3,6 +3,7 @@ helpers the reports share (seaborn/matplotlib, a separate step that reads the lo
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -130,15 +131,39 @@ def series_styles(labels) -> dict[str, SeriesStyle]:
 
 
 # ---- plots (seaborn, a separate step that reads the long frame) -------------------------------------------
-def _plt():
-    import matplotlib
+class _Figures:
+    """``pyplot.subplots`` on a plain ``Figure``: nothing registers with the caller's pyplot (its backend, its list
+    of open figures), and the figure is freed with its last reference (no ``close``)."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    @staticmethod
+    def subplots(*args, figsize=None, **kwargs):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=figsize)
+        return fig, fig.subplots(*args, **kwargs)
+
+
+def _plt():
+    """(figure maker, seaborn) for a plotting function decorated with ``themed``."""
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="paper")
-    return plt, sns
+    return _Figures, sns
+
+
+def themed(fn):
+    """Run a plotting function under the package's seaborn theme inside ``matplotlib.rc_context``: the caller's
+    rcParams are restored on return (a library is a guest in the user's process)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import matplotlib
+        import seaborn as sns
+
+        with matplotlib.rc_context():
+            sns.set_theme(style="whitegrid", context="paper")
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def legend_outside(ax, handles=None, labels=None, title: str | None = None) -> None:
@@ -158,6 +183,7 @@ def _patch_handles(styles: dict[str, SeriesStyle], order: list[str]) -> list:
     return [Patch(facecolor=styles[k]["color"], hatch=styles[k]["hatch"], edgecolor="white", label=k) for k in order]
 
 
+@themed
 def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
              log: bool = False, errorbar=t_band, xlabel: str | None = None) -> Path:
     """Grouped vertical bars, colour by variant, hatch by flavour; error bars = ``errorbar`` over the repeated rows
@@ -180,7 +206,6 @@ def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title
         ax.set_yscale("log")
     legend_outside(ax, _patch_handles(styles, hue_order), hue_order)
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 
@@ -193,6 +218,7 @@ def suptitle(fig, title: str, fontsize: float = 10) -> None:
     fig.suptitle(title, fontsize=fontsize, y=1 - 0.08 / height)
 
 
+@themed
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
               loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
               panel_title: str = "{}", ref_slopes: dict[str, float] | None = None, nested: bool = False) -> Path:
@@ -245,10 +271,10 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, titl
     legend_outside(axes[0][-1], [handles[n] for n in names], names)
     suptitle(fig, title)
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 
+@themed
 def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xlabel: str, panel: str | None = None,
               flag: str | None = None, lo: str | None = None, hi: str | None = None, log: bool = False,
               panel_title: str = "{}", sharex: bool = False) -> Path:
@@ -299,7 +325,6 @@ def barh_plot(df: pd.DataFrame, y: str, x: str, path: str | Path, title: str, xl
     legend_outside(axes[0][-1], key, [k.get_label() for k in key])
     suptitle(fig, title)
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 
@@ -322,6 +347,7 @@ def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False,
                     clip=bounds, cut=0 if bounds is not None else 3)
 
 
+@themed
 def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: str, ylabel: str, xlabel: str,
                   mean: str = "mean", lo: str = "low", hi: str = "high", paper: dict | None = None,
                   ref_lines: dict | None = None, zero: bool = True, integer_x: bool = False) -> Path:
@@ -358,10 +384,10 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     ax.set_ylabel(ylabel)
     legend_outside(ax)
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 
+@themed
 def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabel: str, arm: str = "arm",
                paper: dict | None = None, panel_title: str = "{}", paper_label: str = "paper") -> Path:
     """Seed-paired differences vs the reference arm: one dot with its interval whisker per arm (rows, shared across
@@ -398,5 +424,4 @@ def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabe
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out

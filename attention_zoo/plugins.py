@@ -29,7 +29,8 @@ GROUP = "attention_zoo.variants"
 _loaded: set[str] = set()
 
 
-def _module_name(path: Path) -> str:
+def module_name(path: Path) -> str:
+    """The module name a ``.py`` plugin is imported under (one per file)."""
     return f"attention_zoo_plugin_{zlib.crc32(str(path.resolve()).encode()):08x}_{path.stem}"
 
 
@@ -44,7 +45,7 @@ def _import(spec: str) -> None:
     if spec.endswith(".py") or path.is_file():
         if not path.is_file():
             raise ValueError(f"include: {spec!r} is not a file")
-        name = _module_name(path)
+        name = module_name(path)
         if name in sys.modules:
             return
         module_spec = importlib.util.spec_from_file_location(name, path)

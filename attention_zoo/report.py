@@ -15,9 +15,10 @@ from .io import atomic_write_csv, atomic_write_json, atomic_write_text
 
 
 def wide_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str = "value") -> pd.DataFrame:
-    """Pivot a long frame; repeated entries (seeds, repeats) are averaged."""
+    """Pivot a long frame; repeated entries (seeds, repeats) are averaged. An empty frame (e.g. a store whose cells all
+    failed: error rows carry no metric) gives an empty table that still has the ``index`` columns."""
     if df.empty:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=index)
     wide = df.pivot_table(index=index, columns=columns, values=value, aggfunc="mean", dropna=False)
     if isinstance(wide.columns, pd.MultiIndex):
         wide.columns = [" / ".join(str(c) for c in col) for col in wide.columns]

@@ -292,4 +292,16 @@ class ResultStore:
         return {**env, "run_id": self.run_id, "context": self.context, "runs": self.runs(df)}
 
 
-__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir", "ensure_out_file"]
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """The cell records of a store file (every context; one per cell id, the newest), read without writing anything
+    next to it: no lock file, no repair (a torn last line is skipped). For readers of another script's results,
+    whose folder is an input."""
+    cells: dict[str, dict] = {}
+    for _, rec in scan_jsonl(path)[0]:
+        if _valid(rec) and rec["kind"] != "run":
+            cells.pop(rec["cell_id"], None)  # the newest goes last, as in ResultStore
+            cells[rec["cell_id"]] = rec
+    return list(cells.values())
+
+
+__all__ = ["STATUSES", "ResultStore", "cell_id", "digest", "ensure_out_dir", "ensure_out_file", "read_records"]

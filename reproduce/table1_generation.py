@@ -12,6 +12,9 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# a program may choose for its process (the library sets nothing): large CPU tensors on huge pages, read by
+# torch's allocator once, before its first allocation (docs/conventions.md, "CPU")
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from attention_zoo.experiments.generation.table1_generation import main  # noqa: E402

@@ -82,7 +82,7 @@ def test_script_process_prints_no_traceback(script, tmp_path):
     cmd = [sys.executable, str(ROOT / "reproduce" / f"{script}.py"), "--device", "nosuch", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: device: expected auto, cpu or cuda[:N], got 'nosuch'"]
+    assert proc.stderr.strip().splitlines() == ["error: device: expected auto, cpu, cuda or cuda:N, got 'nosuch'"]
 
 
 def test_help_prints_each_default_once(capsys):

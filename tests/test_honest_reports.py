@@ -223,10 +223,11 @@ def test_a_record_is_dirty_for_changed_code_but_not_for_the_runs_own_outputs(tmp
     assert tree_dirty(tmp_path)
 
 
-@pytest.mark.parametrize("setting", [None, "0"])
-def test_large_cpu_tensors_sit_on_huge_pages_unless_opted_out_and_the_record_says_which(setting):
-    """``import attention_zoo`` asks PyTorch's CPU allocator for transparent huge pages (unless the environment has
-    chosen), and the environment record reports what the kernel actually gave an 8 MiB tensor."""
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_large_cpu_tensors_sit_on_huge_pages_when_opted_in_and_the_record_says_which(setting):
+    """``THP_MEM_ALLOC_ENABLE=1``, set by the user (``import attention_zoo`` sets nothing), asks PyTorch's CPU
+    allocator for transparent huge pages, and the environment record reports what the kernel actually gave an 8 MiB
+    tensor."""
     import json
     import os
     import subprocess
@@ -244,7 +245,7 @@ def test_large_cpu_tensors_sit_on_huge_pages_unless_opted_out_and_the_record_say
             "r = environment_record()\nprint(json.dumps([r['thp_mem_alloc_enable'], r['cpu_huge_pages']]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     asked, got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert asked == (setting or "1")
+    assert asked == setting
     if mode is None:  # not Linux: nothing to ask the kernel
         assert got is None
     else:  # "always" gives huge pages regardless, "never" refuses them; "madvise" follows the allocator's request
@@ -253,10 +254,10 @@ def test_large_cpu_tensors_sit_on_huge_pages_unless_opted_out_and_the_record_say
 
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_cpu_timing_keeps_freed_memory_unless_opted_out_and_the_record_says_which(setting):
-    """On CPU the timing loops keep freed memory for reuse (as a GPU caching allocator does): a freed 64 MiB tensor
-    stays resident instead of going back to the kernel, and the warm-up ends with a touched pad (``SteadyHeap``) that
+    """While timing on CPU (``SteadyHeap``) freed memory is kept for reuse (as a GPU caching allocator does): a freed
+    64 MiB tensor stays resident instead of going back to the kernel, and the warm-up ends with a touched pad that
     stays resident for later growth; ``ATTENTION_ZOO_MALLOC_RETAIN=0`` keeps glibc's default, which returns freed
-    blocks, and pads nothing. The environment record says which applied."""
+    blocks, and pads nothing. After the scope glibc's default is back either way. The record says which applied."""
     import json
     import os
     import platform
@@ -268,15 +269,19 @@ def test_cpu_timing_keeps_freed_memory_unless_opted_out_and_the_record_says_whic
     env = {k: v for k, v in os.environ.items() if k != "ATTENTION_ZOO_MALLOC_RETAIN"}
     if setting is not None:
         env["ATTENTION_ZOO_MALLOC_RETAIN"] = setting
-    code = ("import json, torch\nfrom attention_zoo.measure.latency import measure_latency\n"
-            "from attention_zoo.envinfo import environment_record\n"
+    code = ("import json, torch\nfrom attention_zoo.envinfo import SteadyHeap, environment_record\n"
             "def rss():\n"
             "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS'))\n"
-            "before = rss(); measure_latency(lambda: None, repeats=1, warmup=0); padded = (rss() - before) / 1024\n"
-            "t = torch.ones(1 << 24); t2 = torch.ones(1 << 26); held = rss(); del t, t2\n"
-            "print(json.dumps([environment_record()['cpu_malloc_retained'], padded, (held - rss()) / 1024]))")
+            "def freed():\n"
+            "    t = torch.ones(1 << 24); t2 = torch.ones(1 << 26); held = rss(); del t, t2\n"
+            "    return (held - rss()) / 1024\n"
+            "before = rss()\n"
+            "with SteadyHeap('cpu') as heap:\n"
+            "    heap.settle(); padded = (rss() - before) / 1024; kept = freed()\n"
+            "print(json.dumps([environment_record()['cpu_malloc_retained'], padded, kept, freed()]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    retained, padded_mib, freed_mib = json.loads(out.stdout.strip().splitlines()[-1])
+    retained, padded_mib, freed_mib, freed_after_mib = json.loads(out.stdout.strip().splitlines()[-1])
+    assert freed_after_mib > 256  # the scope restored glibc's default
     if setting == "0":
         assert retained is False and padded_mib < 32  # no pad
         assert freed_mib > 256  # 64 + 256 MiB returned to the kernel at once

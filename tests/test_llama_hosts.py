@@ -116,9 +116,12 @@ def test_every_variant_is_causal_with_the_hosts_rope_and_trains(kind, name):
 def test_grouped_kv_heads_are_refused_for_copying_only():
     with pytest.raises(ValueError, match=r"^model\.model\.layers\.0\.self_attn: cannot copy.*num_key_value_heads=2"):
         zoo.swap_attention(host("llama", num_key_value_heads=2), "mha")
+    with pytest.raises(ValueError, match=r"^model\.model\.layers\.0\.self_attn: cannot copy.*'damcha' \(it takes "
+                                         r"the host's v, out projections\).*num_key_value_heads=2"):
+        zoo.swap_attention(host("llama", num_key_value_heads=2), "damcha", hidden_dims=(16,))
     ids, _ = _ids()
-    for name in ("mha", "colmha"):  # colmha has no MHA layout: nothing to copy, nothing refused
-        fresh = zoo.swap_attention(host("llama", num_key_value_heads=2), name, copy_weights=name == "colmha")
+    for name in ("mha", "colmha", "moa"):  # moa has no place for any host projection: nothing copied, nothing refused
+        fresh = zoo.swap_attention(host("llama", num_key_value_heads=2), name, copy_weights=name == "moa")
         assert fresh(ids, use_cache=False).logits.shape == (2, 7, V)
 
 

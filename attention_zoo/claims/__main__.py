@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cli import HelpFormatter, cli_main
 from ..io import atomic_write_csv, atomic_write_text
-from . import verdict_frame, verdict_lines, verdict_markdown, verdicts_for
+from . import CLAIMS, verdict_frame, verdict_lines, verdict_markdown, verdicts_for
 
 
 @cli_main
@@ -24,12 +24,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.results.is_dir():
         raise ValueError(f"results: {str(args.results)!r} is not a directory")
-    for name in ("md", "csv"):
+    for name in ("md", "csv"):  # before any work
         target = getattr(args, name) or args.results / f"claims.{name}"
+        if target.is_dir():
+            raise ValueError(f"{name}: {str(target)!r} is a directory, expected a file name")
         if not target.parent.is_dir():
             raise ValueError(f"{name}: the folder of {str(target)!r} does not exist")
         setattr(args, name, target)
     chosen = tuple(s.strip() for s in args.experiments.split(",") if s.strip()) if args.experiments else None
+    known = sorted({c.experiment for c in CLAIMS})
+    unknown = [e for e in chosen or () if e not in known]
+    if unknown or chosen == ():
+        raise ValueError(f"experiments: unknown {', '.join(map(repr, unknown)) or 'empty selection'}; known: "
+                         f"{', '.join(known)}")
     verdicts = verdicts_for(args.results, chosen)
     atomic_write_text(args.md, "# Verdicts on the paper's claims\n\n" + verdict_markdown(verdicts))
     atomic_write_csv(verdict_frame(verdicts), args.csv)

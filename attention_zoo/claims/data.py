@@ -68,6 +68,8 @@ def read_store(path: str | Path) -> dict[str, StoreRows]:
         df = pd.DataFrame(flat).rename(columns={"flavour": "flavor"})  # one spelling, as the reports write it
         if not df.empty and "status" not in df:
             df["status"] = "ok"
+        if "value" in df:  # a value stored as text ("0.31") is read as a number; one that is none is missing
+            df["value"] = pd.to_numeric(df["value"], errors="coerce")
         rids = sorted({r["run_id"] for r in recs})
         commits = sorted({str((runs.get(rid, {}).get("env") or {}).get("git_commit", "?"))[:10] for rid in rids})
         out.update({name: StoreRows(part, path, cid, rids, commits) for name, part in by_phase(df, preset).items()})

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..checks import MissingInputError
+from ..checks import InputSetupError, MissingInputError
 from ..io import apply_umask
 
 
@@ -19,8 +19,9 @@ class DatasetNotFoundError(MissingInputError):
     as one ``error:`` line)."""
 
 
-class DatasetError(RuntimeError):
-    """A failed download, a checksum mismatch, or an unreadable archive/file."""
+class DatasetError(InputSetupError):
+    """A failed download, a checksum mismatch, or an unreadable archive/file (a CLI prints it as one ``error:``
+    line; the loaders' messages name the data set and say what to do)."""
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:

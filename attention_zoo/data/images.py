@@ -161,11 +161,14 @@ def cifar_folder(name: str, data_dir: str | os.PathLike | None = None, download:
         return root / spec.folder
     archive = root / spec.archive
     if not archive.is_file():
+        by_hand = f"download {url} into {root}/ (or set ${DATA_ENV} / --data-dir to the directory holding it)"
         if not download:
-            raise DatasetNotFoundError(
-                f"{name}: neither {root / spec.folder} nor {archive} exists; download {url} into {root}/ (or set "
-                f"${DATA_ENV} / --data-dir to the directory holding it), or allow the download")
-        fetch.download(url, archive, md5=md5)
+            raise DatasetNotFoundError(f"{name}: neither {root / spec.folder} nor {archive} exists; {by_hand}, or "
+                                       "allow the download")
+        try:
+            fetch.download(url, archive, md5=md5)
+        except DatasetError as exc:  # e.g. no network: say what to do, as without the download
+            raise DatasetError(f"{name}: {exc}; to get it by hand: {by_hand}") from exc
     elif (got := md5_file(archive)) != md5:
         raise DatasetError(f"{archive}: MD5 mismatch (expected {md5}, got {got}); delete it and download {url} again")
     return _extract(archive, root, spec.folder, url)

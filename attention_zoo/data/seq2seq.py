@@ -166,7 +166,8 @@ def _load_hf(name: str, max_train: int | None) -> dict:
     try:
         import datasets
     except ImportError as exc:
-        raise DatasetNotFoundError(f"{name}: the `datasets` package is not installed") from exc
+        raise DatasetNotFoundError(f"{name}: needs the `datasets` package (pip install attention_zoo[paper]) or "
+                                   f"local files <data_dir>/{name}/{{train,val,test}}.{{tsv,jsonl}}") from exc
     out = {}
     for split, hub in hub_splits.items():
         spec = f"{hub}[:{max_train}]" if split == "train" and max_train else hub

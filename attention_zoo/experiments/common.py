@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..cli import (  # noqa: F401 - re-exported: the scripts take their CLI helpers from here
+    DeviceAction,
     HelpFormatter,
     cli_main,
     non_negative_float,
@@ -87,7 +88,8 @@ def base_parser(name: str, description: str, default_seeds: list[int] | dict[str
     script's preset names (smoke and paper, and e.g. decide).
     """
     p = ExperimentParser(prog=f"reproduce/{name}.py", description=description, formatter_class=HelpFormatter)
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto",
+                   help="auto (cuda if available), cpu, cuda or cuda:N")
     p.add_argument("--preset", choices=presets, default="smoke",
                    help="smoke: minutes on a 2-core CPU with embedded data; paper: the paper's configuration"
                         + ("; decide: trained to a plateau with enough seeds to decide the claims on a CPU"

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -111,14 +112,88 @@ class UnitJob:
         return submitit.helpers.DelayedSubmission(UnitJob(self.work, self.init), unit, path)
 
 
+_POSITIVE = ("time", "timeout_min", "nodes", "array_parallelism")  # a job needs at least one of each
+
+
+def _slurm_types() -> dict[str, tuple]:
+    """{update_parameters key: accepted value types (empty: not checked)}: submitit's shared parameters and the
+    Slurm executor's own (``slurm_<name>``, read from the signature of the function that writes the sbatch file)."""
+    import inspect
+    import typing
+
+    from submitit import AutoExecutor
+    from submitit.slurm import slurm
+
+    def accepted(tp) -> tuple:
+        args = [a for a in (typing.get_args(tp) or (tp,)) if a is not type(None)]
+        simple = tuple(a for a in args if a in (int, float, str, bool))
+        if len(simple) != len(args):
+            return ()  # lists, dicts: submitit checks them itself
+        return simple + ((int,) if float in simple else ())
+
+    generic = {k: accepted(t) for k, t in AutoExecutor._typed_parameters().items()}
+    sig = inspect.signature(slurm._make_sbatch_string).parameters
+    own = {f"slurm_{k}": accepted(sig[k].annotation) if k in sig else ()
+           for k in slurm.SlurmExecutor._valid_parameters()}
+    return {**generic, **{f"slurm_{k}": t for k, t in generic.items()}, **own}
+
+
 def _extra(items: list[str]) -> dict:
+    """``--slurm-extra KEY=VALUE ...`` as submitit parameters, every key one submitit's Slurm executor takes and
+    every value of its type (a negative time or count is refused too), checked before anything is submitted.
+
+    Raises:
+        ValueError: a malformed item, an unknown key or a value of the wrong type (the message names the valid keys).
+    """
+    types = _slurm_types()
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
             raise ValueError(f"slurm-extra: expected KEY=VALUE, got {item!r}")
-        out[key.strip()] = _parse_value(value.strip())
+        if key not in types:
+            raise ValueError(f"slurm-extra: unknown submitit parameter {key!r}; valid: {', '.join(sorted(types))}")
+        v = _parse_value(value.strip())
+        want = types[key]
+        if want and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+            raise ValueError(f"slurm-extra: {key} expects {' or '.join(t.__name__ for t in want)}, got {value!r}")
+        least = 1 if key.removeprefix("slurm_") in _POSITIVE else 0
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < least:
+            raise ValueError(f"slurm-extra: {key} expects a number >= {least}, got {value!r}")
+        out[key] = v
     return out
+
+
+def _parameters(args, name: str) -> dict:
+    """The submitit parameters of ``--slurm-*``, validated (argparse checks the numbers of the flags themselves; a
+    caller building ``args`` by hand gets the same checks here).
+
+    Raises:
+        ValueError: a bad value (the message names its flag), or Slurm asked for where no ``sbatch`` is on PATH:
+            submitit would silently run every job on this machine instead (``--submitit-cluster local`` asks for
+            that explicitly).
+    """
+    for flag, minimum in (("slurm_time", 1), ("slurm_array_parallelism", 1), ("slurm_retries", 0)):
+        v = getattr(args, flag)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{flag.replace('_', '-')}: expected an int >= {minimum}, got {v!r}")
+    gpus, partition = args.slurm_gpus_per_task, args.slurm_partition
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+        raise ValueError(f"slurm-gpus-per-task: expected an int >= 0, got {gpus!r}")
+    if partition is not None and (not isinstance(partition, str) or not partition.strip() or " " in partition):
+        raise ValueError(f"slurm-partition: expected a partition name, got {partition!r}")
+    params = {"timeout_min": args.slurm_time, "name": name, "slurm_array_parallelism": args.slurm_array_parallelism}
+    if partition:
+        params["slurm_partition"] = partition
+    if gpus is not None:
+        params["slurm_gpus_per_task"] = gpus
+    params.update(_extra(args.slurm_extra))
+    if args.submitit_cluster in (None, "slurm") and shutil.which("sbatch") is None:
+        raise ValueError("launcher: submitit found no Slurm here (no `sbatch` on PATH) and would run every job on "
+                         "this machine; run on a Slurm login node, use --launcher local, or ask for submitit's local "
+                         "executor with --submitit-cluster local")
+    return params
 
 
 class SubmititLauncher:
@@ -128,19 +203,14 @@ class SubmititLauncher:
         except ImportError:
             raise ValueError("launcher: submitit is not installed (pip install attention_zoo[cluster])") from None
         self.args, self.folder, self.name, self.submitit = args, Path(folder), name, submitit
+        self.params = _parameters(args, name)  # every setting checked before anything is written or submitted
         self.results = self.folder / "results"
         self.results.mkdir(parents=True, exist_ok=True)
-        self.retries = max(0, int(args.slurm_retries))
+        self.retries = args.slurm_retries
 
     def executor(self):
-        a = self.args
-        ex = self.submitit.AutoExecutor(folder=self.folder / "jobs", cluster=a.submitit_cluster)
-        params = {"timeout_min": a.slurm_time, "name": self.name, "slurm_array_parallelism": a.slurm_array_parallelism}
-        if a.slurm_partition:
-            params["slurm_partition"] = a.slurm_partition
-        if a.slurm_gpus_per_task is not None:
-            params["slurm_gpus_per_task"] = a.slurm_gpus_per_task
-        ex.update_parameters(**params, **_extra(a.slurm_extra))
+        ex = self.submitit.AutoExecutor(folder=self.folder / "jobs", cluster=self.args.submitit_cluster)
+        ex.update_parameters(**self.params)
         return ex
 
     def path(self, unit, plan) -> Path:
@@ -172,8 +242,9 @@ class SubmititLauncher:
                     yield unit, rows, ""
                 elif tries < self.retries:
                     still.append((unit, ex.submit(job, unit, str(self.path(unit, plan))), tries + 1))
-                else:
-                    yield unit, [_error_rows(_log_tail(j), tries + 1)] * len(unit), ""
+                else:  # stored as error rows, and reported as a failure (the local launcher's exit code)
+                    rows = _error_rows(_log_tail(j), tries + 1)
+                    yield unit, [rows] * len(unit), rows[0]["message"]
             live = still
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from ..cli import non_negative_int, positive_int
 from ..results import ResultStore
 
 
@@ -84,13 +85,18 @@ def add_launcher_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="local: this machine; submitit: Slurm through submitit's AutoExecutor, one job per unit of "
                         "cells (needs `pip install attention_zoo[cluster]`)")
     g.add_argument("--slurm-partition", default=None, help="Slurm partition")
-    g.add_argument("--slurm-gpus-per-task", type=int, default=None, help="GPUs per job")
-    g.add_argument("--slurm-time", type=int, default=60, help="minutes per job")
-    g.add_argument("--slurm-array-parallelism", type=int, default=64, help="jobs of the array running at once")
+    g.add_argument("--slurm-gpus-per-task", type=non_negative_int, default=None, help="GPUs per job")
+    g.add_argument("--slurm-time", type=positive_int, default=60, help="minutes per job")
+    g.add_argument("--slurm-array-parallelism", type=positive_int, default=64,
+                   help="jobs of the array running at once")
     g.add_argument("--slurm-extra", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="more submitit parameters (e.g. slurm_mem_gb=32 slurm_constraint=a100)")
-    g.add_argument("--slurm-retries", type=int, default=2, help="resubmissions of a failed or preempted job")
-    g.add_argument("--submitit-cluster", default=None, help=argparse.SUPPRESS)  # "local" in the tests
+                   help="more submitit parameters (e.g. slurm_mem_gb=32 slurm_constraint=a100; checked against "
+                        "what submitit's Slurm executor accepts)")
+    g.add_argument("--slurm-retries", type=non_negative_int, default=2,
+                   help="resubmissions of a failed or preempted job")
+    g.add_argument("--submitit-cluster", choices=("slurm", "local", "debug"), default=None,
+                   help="submitit's executor: slurm (the default; refused where no `sbatch` is on PATH), or local / "
+                        "debug to run the jobs on this machine (testing)")
     return p
 
 
@@ -103,8 +109,8 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
     """Run the plan's pending units on the chosen launcher, store their rows, then ``plan.finish()``.
 
     Returns the exit code: 130 when interrupted (the finished units are stored; rerun to continue), 1 when a unit
-    failed for good (recorded as ``error`` rows by the cluster launcher, or left for a rerun locally), else
-    ``finish``'s."""
+    failed for good (recorded as ``error`` rows by the cluster launcher, or left for a rerun locally: the same code
+    on either launcher), else ``finish``'s."""
     from .launchers import launcher_for
 
     if getattr(args, "dry_run", False):  # the plan, printed (experiment_main made this call read-only)
@@ -112,6 +118,7 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
 
         return show_plan(plan, args, name)
     store = plan.store
+    launcher = launcher_for(args, plan, name)  # its settings are checked before any cell is claimed
     todo = [[c for c in unit if store.claim(c)] for unit in plan.units]
     todo = [u for u in todo if u]
     n_cells = sum(len(u) for u in plan.units)
@@ -119,7 +126,7 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
                disable=getattr(args, "quiet", False), unit="cell")
     failed, interrupted = [], False
     try:
-        for unit, rows, err in launcher_for(args, plan, name).run(todo, plan):
+        for unit, rows, err in launcher.run(todo, plan):
             if rows is None:
                 for c in unit:
                     store.release(c)
@@ -130,6 +137,8 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
             else:
                 for cell, r in zip(unit, rows):
                     store.add(cell, r)
+                if err:  # stored as error rows (a cluster job that failed for good): a failure all the same
+                    failed.append(f"{plan.describe(unit)}: {err}")
             bar.update(len(unit))
     except KeyboardInterrupt:
         interrupted = True

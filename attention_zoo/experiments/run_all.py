@@ -30,7 +30,7 @@ from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
 from ..results import ensure_out_dir
 from ..workers import child_preexec
-from .common import ExperimentParser, HelpFormatter, ListAction, cli_main, positive_int
+from .common import DeviceAction, ExperimentParser, HelpFormatter, ListAction, cli_main, positive_int
 from .protocol import EXPERIMENTS, LAUNCH_OPTIONS, add_launcher_arguments
 from .results_index import RUN_RECORD, build_index
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="smoke: the whole paper on embedded data (hours on 2 CPU cores); decide: the synthetic "
                         "sweeps trained to a plateau (hours); results/README.md has each script's measured time; "
                         "paper: the scripts' paper presets; tiny: seconds per script, for tests")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--out", dest="results", type=Path, default=Path("results"), help="root of the per-script folders")
     p.rename("--results", "--out")
     p.add_argument("--threads", type=positive_int, default=None,

@@ -229,40 +229,40 @@ def measure_latency(fn: Callable[[], object], device: torch.device | str = "cpu"
     """
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
-    heap = SteadyHeap(device)  # on CPU: kept freed memory, settled after the warm-up
-    for _ in range(warmup):
-        fn()
-    heap.settle()
-    probe = LoadProbe().start(device)
-    times: list[float] = []
-    last = None  # the last call's result, checked after timing; released before each call
+    with SteadyHeap(device) as heap:  # on CPU: kept freed memory, settled after the warm-up, restored after
+        for _ in range(warmup):
+            fn()
+        heap.settle()
+        probe = LoadProbe().start(device)
+        times: list[float] = []
+        last = None  # the last call's result, checked after timing; released before each call
 
-    def enough() -> bool:
-        return len(times) >= max_repeats or (len(times) >= min_repeats and sum(times) >= 1e3 * min_time_s)
+        def enough() -> bool:
+            return len(times) >= max_repeats or (len(times) >= min_repeats and sum(times) >= 1e3 * min_time_s)
 
-    if device.type == "cuda":
-        with torch.cuda.device(device):
-            torch.cuda.synchronize()
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.synchronize()
+                while not enough():
+                    n = min(max(min_repeats, 1), max_repeats - len(times))
+                    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                              for _ in range(n)]
+                    for start, end in events:
+                        last = None
+                        start.record()
+                        last = fn()
+                        end.record()
+                    torch.cuda.synchronize()  # once per batch, before reading: never time kernel launches
+                    times += [start.elapsed_time(end) for start, end in events]
+        else:
             while not enough():
-                n = min(max(min_repeats, 1), max_repeats - len(times))
-                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                          for _ in range(n)]
-                for start, end in events:
-                    last = None
-                    start.record()
-                    last = fn()
-                    end.record()
-                torch.cuda.synchronize()  # once per batch, before reading: never time kernel launches
-                times += [start.elapsed_time(end) for start, end in events]
-    else:
-        while not enough():
-            last = None
-            t0 = time.perf_counter_ns()
-            last = fn()
-            times.append((time.perf_counter_ns() - t0) / 1e6)
-    load = probe.stop()
-    check_finite(last)
-    return LatencyResult.from_times(times, str(device), warmup, load)
+                last = None
+                t0 = time.perf_counter_ns()
+                last = fn()
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        load = probe.stop()
+        check_finite(last)
+        return LatencyResult.from_times(times, str(device), warmup, load)
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", warmup: int = 1,
@@ -275,55 +275,55 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     whose last result is not finite is returned with a NonFiniteError."""
     min_repeats, max_repeats, min_time_s = check_timing(warmup, repeats, min_time_s, min_repeats, max_repeats)
     device = torch.device(device)
-    heap = SteadyHeap(device)  # on CPU: kept freed memory, settled after the warm-up
-    live, failures = dict(fns), {}
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    last: dict[str, object] = {}  # each callable's last result, checked after timing
+    with SteadyHeap(device) as heap:  # on CPU: kept freed memory, settled after the warm-up, restored after
+        live, failures = dict(fns), {}
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        last: dict[str, object] = {}  # each callable's last result, checked after timing
 
-    def call(label: str, fn, timed: bool) -> None:
-        last[label] = None
-        try:
-            if not timed:
-                last[label] = fn()
-            elif device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                last[label] = fn()
-                end.record()
-                torch.cuda.synchronize(device)
-                times[label].append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter_ns()
-                last[label] = fn()
-                times[label].append((time.perf_counter_ns() - t0) / 1e6)
-        except Exception as exc:  # noqa: BLE001 - reported per case, the others go on
-            failures[label] = exc
-            del live[label]
+        def call(label: str, fn, timed: bool) -> None:
+            last[label] = None
+            try:
+                if not timed:
+                    last[label] = fn()
+                elif device.type == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    last[label] = fn()
+                    end.record()
+                    torch.cuda.synchronize(device)
+                    times[label].append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter_ns()
+                    last[label] = fn()
+                    times[label].append((time.perf_counter_ns() - t0) / 1e6)
+            except Exception as exc:  # noqa: BLE001 - reported per case, the others go on
+                failures[label] = exc
+                del live[label]
 
-    for _ in range(warmup):
-        for label, fn in list(live.items()):
-            call(label, fn, False)
-    heap.settle()
-    probe = LoadProbe().start(device)
-
-    def done(label: str) -> bool:
-        t = times[label]
-        return len(t) >= max_repeats or (len(t) >= min_repeats and sum(t) >= 1e3 * min_time_s)
-
-    # events are recorded on the current device's stream: make it the timed device (cuda:1 is not cuda:0)
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        while any(not done(k) for k in live):
+        for _ in range(warmup):
             for label, fn in list(live.items()):
-                if not done(label):
-                    call(label, fn, True)
-    load = probe.stop()
-    for label in list(live):
-        try:
-            check_finite(last.pop(label, None))
-        except NonFiniteError as exc:
-            failures[label] = exc
-            del live[label]
-    return {k: LatencyResult.from_times(times[k], str(device), warmup, load) for k in live}, failures
+                call(label, fn, False)
+        heap.settle()
+        probe = LoadProbe().start(device)
+
+        def done(label: str) -> bool:
+            t = times[label]
+            return len(t) >= max_repeats or (len(t) >= min_repeats and sum(t) >= 1e3 * min_time_s)
+
+        # events are recorded on the current device's stream: make it the timed device (cuda:1 is not cuda:0)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            while any(not done(k) for k in live):
+                for label, fn in list(live.items()):
+                    if not done(label):
+                        call(label, fn, True)
+        load = probe.stop()
+        for label in list(live):
+            try:
+                check_finite(last.pop(label, None))
+            except NonFiniteError as exc:
+                failures[label] = exc
+                del live[label]
+        return {k: LatencyResult.from_times(times[k], str(device), warmup, load) for k in live}, failures
 
 
 def step_fn(workload: Workload, mode: str) -> Callable[[], object]:

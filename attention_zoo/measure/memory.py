@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import json
 import os
 import selectors
@@ -30,10 +31,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from .. import plugins
 from ..checks import check_positive_int
+from ..registry import get_attention_spec
 from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
 from .status import check_finite, guarded, short_message
@@ -59,8 +63,41 @@ def memory_item(workload: dict, mode: str = "train", optimizer_in_region: bool =
     check_positive_int("warmup", warmup, allow_zero=True)
     if threads is not None:
         check_positive_int("threads", threads)
-    return {"workload": workload_spec(**workload), "mode": mode, "optimizer_in_region": optimizer_in_region,
-            "warmup": warmup, "threads": threads}
+    spec = workload_spec(**workload)
+    item = {"workload": spec, "mode": mode, "optimizer_in_region": optimizer_in_region, "warmup": warmup,
+            "threads": threads}
+    module = get_attention_spec(spec["attention"]).cls.__module__
+    if module.split(".")[0] != "attention_zoo":  # a user's registration: the fresh child process must import it too
+        item["plugin"] = {"module": module, "file": getattr(sys.modules.get(module), "__file__", None),
+                          "sys_path": [p for p in sys.path if isinstance(p, str)]}
+    return item
+
+
+def _import_plugin(plugin: dict | None) -> None:
+    """In the child: import the module that registered the measured attention (``memory_item``), from the parent's
+    ``sys.path``.
+
+    Raises:
+        ValueError: the module cannot be imported here (one defined in a script or notebook, ``__main__``, cannot).
+    """
+    if plugin is None:
+        return
+    module = plugin["module"]
+    if module == "__main__":
+        raise ValueError("attention: registered in __main__ (a script or notebook), which the memory-measuring "
+                         "child process cannot import; register it in an importable module")
+    if module in sys.modules:  # e.g. an --include'd plugin, which $ATTENTION_ZOO_INCLUDE loaded here
+        return
+    sys.path.extend(p for p in plugin["sys_path"] if p not in sys.path)
+    file = plugin.get("file")
+    try:
+        if file and module == plugins.module_name(Path(file)):  # an --include'd file: imported from its path
+            plugins.load_plugins([file])
+        else:
+            importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - reported as the row's reason
+        raise ValueError(f"attention: the memory-measuring child process cannot import {module!r}, which "
+                         f"registered it ({short_message(exc)})") from exc
 
 
 class _Step:
@@ -155,6 +192,7 @@ def _measure_cpu_here(item: dict) -> dict:
 
 def _child_result(item: dict) -> dict:
     try:
+        _import_plugin(item.get("plugin"))
         return guarded(lambda: _measure_cpu_here(item), "cpu")
     except Exception as exc:  # noqa: BLE001 - reported to the parent as an error row
         return {"status": "error", "message": short_message(exc)}

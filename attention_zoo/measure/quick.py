@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from ..cli import HelpFormatter, cli_main, non_negative_int, positive_int
-from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_freed_memory, setup_threads
+from ..cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_int
+from ..envinfo import cpu_model, device_name, huge_pages, resolve_device, retain_wanted, setup_threads
 from ..io import atomic_write_csv, atomic_write_text
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, is_attention, parse_option_rows, select_attentions
@@ -226,7 +226,7 @@ def plot(rows: dict, path, title: str, memory_unit: str = "peak memory") -> list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.measure.quick", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated names/wildcards (default: {BASELINE},{METHOD} where registered)")
     p.add_argument("--batch", type=positive_int, default=4)
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
            f"threads {torch.get_num_threads()}")
     if device.type == "cpu":
         env += f", huge pages {({True: 'on', False: 'off'}).get(huge_pages(), 'unknown')} (THP_MEM_ALLOC_ENABLE)"
-        kept = {True: "kept for reuse", False: "returned"}.get(retain_freed_memory(), "unknown")
+        kept = {True: "kept for reuse", False: "returned"}.get(retain_wanted(), "unknown")
         env += f", freed memory {kept} while timing (ATTENTION_ZOO_MALLOC_RETAIN)"
     print(env)
     todo = cases(names, args)

@@ -111,8 +111,21 @@ def build_workload(spec: dict, device: torch.device | str = "cpu") -> Workload:
     """
     spec = workload_spec(**spec)
     device, dtype = torch.device(device), DTYPES[spec["dtype"]]
+    with private_rng(device):  # the model's initialisation draws from the global RNG
+        torch.manual_seed(spec["seed"])
+        return _build(spec, device, dtype)
+
+
+def private_rng(device: torch.device):
+    """A fork of the global torch RNG (CPU, and ``device`` if a GPU), restored on exit: the caller's stream is left
+    as it was by seeding and by the draws (initialisation, dropout, noisy gating) made inside."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
+        else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def _build(spec: dict, device: torch.device, dtype: torch.dtype) -> Workload:
     B, T = spec["batch"], spec["seq_len"]
-    torch.manual_seed(spec["seed"])
     gen = torch.Generator().manual_seed(spec["seed"] + 1)  # inputs: identical across variants
     if spec["kind"] == "attention":
         model = create_attention(spec["attention"], d_model=spec["d_model"], n_heads=spec["n_heads"],

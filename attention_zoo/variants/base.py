@@ -82,6 +82,19 @@ class StackShare:
         return stack
 
 
+def autocast_cast(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The tensors as autocast hands them to a matmul: floating ones other than float64 in autocast's dtype, the
+    rest (and everything outside autocast) unchanged. A custom autograd Function runs its backward outside
+    autocast, so its callers cast with this before ``apply`` and run the Function with autocast off: forward and
+    backward then compute in one dtype (what ``torch.amp.custom_fwd(cast_inputs=...)`` does for one device)."""
+    ref = next((t for t in tensors if t is not None), None)
+    if ref is None or not torch.is_autocast_enabled(ref.device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(ref.device.type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
+
+
 def value_shape(value) -> list[int] | None:
     """Shape of a traced TorchScript value (what an fvcore op handle receives), None when the tracer lost it."""
     return value.type().sizes() if value.isCompleteTensor() else None

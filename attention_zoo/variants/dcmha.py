@@ -163,7 +163,10 @@ class DynamicallyComposableMHA(AttentionBase):
         hidden = F.gelu(self.dyn_w1(x), approximate=self.gelu_approximate).view(B, T, n, -1)  # (B, T, n, C)
         w = torch.einsum("btnc,nck->btnk", hidden, self.dyn_w2).view(B, T, n, 2 * R, H)  # (B, T, n, 2R, H)
         w1, w2 = w.split(R, dim=3)  # (B, T, n, R, H) each
-        w1 = w1 * torch.rsqrt(w1.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        # the norm in at least fp32 (as flax's RMSNorm): in fp16, w1's tiny squares underflow to 0 and the
+        # gradient of rsqrt(0 + eps) overflows
+        wf = w1.float() if w1.dtype in (torch.float16, torch.bfloat16) else w1
+        w1 = (wf * torch.rsqrt(wf.pow(2).mean(-1, keepdim=True) + RMS_EPS)).to(w1.dtype)
         gate = torch.tanh(self.dyn_d(x)).view(B, T, n, H)  # (B, T, n, H)
         return {c: (w1[:, :, i], w2[:, :, i], gate[:, :, i]) for i, c in enumerate(self.splits)}
 

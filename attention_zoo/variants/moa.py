@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, Rotary, apply_rotary, check_positive_int, value_shape
+from .base import AttentionBase, Masks, Rotary, apply_rotary, autocast_cast, check_positive_int, value_shape
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -45,7 +45,8 @@ class _ExpertLinear(torch.autograd.Function):
     giving [N, n_out]. One gather puts the rows in expert order, one grouped GEMM runs every expert on its
     contiguous slice, one scatter puts the results back (the reference's ParallelLinear). A Function, so the
     backward does not record gather/scatter nodes and nothing stays on the module between calls (re-entrant,
-    checkpoint-safe). Computes in the dtype of ``inp``, autocast off.
+    checkpoint-safe). Computes in the dtype of ``inp``, autocast off: ``_expert_linear`` casts the inputs to
+    autocast's dtype first, so under autocast it computes as a Linear would.
     """
 
     @staticmethod
@@ -68,6 +69,12 @@ class _ExpertLinear(torch.autograd.Function):
             x = inp.index_select(0, pos // k_in)  # (N*k, n_in) re-gathered instead of kept from the forward
             grad_w = _grouped_mm_wgrad(x, g, offs, w.shape[0])  # (E, n_in, n_out)
         return grad_in, grad_w.to(w.dtype), None, None, None, None
+
+
+def _expert_linear(inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int, k_out: int) -> Tensor:
+    """``_ExpertLinear`` in autocast's dtype under autocast (``autocast_cast``), in ``inp``'s dtype outside it."""
+    inp, w = autocast_cast(inp, w)
+    return _ExpertLinear.apply(inp, w, pos, offs, k_in, k_out)
 
 
 # torch's grouped GEMM (one call, group offsets read on the device: no host sync) covers these dtypes on CPU and
@@ -254,7 +261,7 @@ class MixtureOfAttentionHeads(AttentionBase):
         flat = idx.reshape(-1)
         counts = torch.zeros(E, dtype=flat.dtype, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
         offs = counts.cumsum(0).to(torch.int32)  # (E,) group ends, on device
-        q = _ExpertLinear.apply(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
+        q = _expert_linear(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
         q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
         kv = self.kv(x).view(B, 1, T, 2, dh)  # shared K/V: one "group" that all k slots read (GQA)
         q, k_ = apply_rotary(q, kv[..., 0, :], rotary)  # each expert's query and the shared key
@@ -263,7 +270,7 @@ class MixtureOfAttentionHeads(AttentionBase):
             **masks.sdpa_args(q.dtype),
         )
         o = masks.zero_dead(o).transpose(1, 2) * gates.view(B, T, k, 1)  # (B, T, k, dh)
-        y = _ExpertLinear.apply(o.reshape(N * k, dh), self.w_o, pos, offs, 1, k)  # (N, D), slots summed
+        y = _expert_linear(o.reshape(N * k, dh), self.w_o, pos, offs, 1, k)  # (N, D), slots summed
         return y.view(B, T, D)
 
     def _balance_loss(self, logits: Tensor, probs: Tensor, gates: Tensor, idx: Tensor, real: Tensor | None):

@@ -23,7 +23,7 @@ from ...checks import MissingInputError
 from ...envinfo import environment_record
 from ...io import atomic_savefig
 from ...metrics.topk import read_per_sample
-from ...results import ResultStore, ensure_out_dir
+from ...results import ensure_out_dir, read_records
 from ..common import ListAction, base_parser, experiment_main, select_variants, variant_flavours
 from ..launchers import run_whole
 from ..protocol import add_launcher_arguments
@@ -60,12 +60,11 @@ def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, see
             file it lists is missing.
     """
     path = Path(table1_dir) / f"{TABLE1}.jsonl"
-    if not path.is_file():  # checked before opening the store, which would create the directory
+    if not path.is_file():
         raise MissingInputError(f"table1-dir: {path} does not exist; run `python reproduce/{TABLE1}.py "
                                 f"--preset {preset} --out {table1_dir}` first (App. E reads its per-sample scores)")
-    store = ResultStore(table1_dir, TABLE1)
     latest = {}
-    for rec in store.records(every_context=True):  # in file order: the newest record of a cell wins
+    for rec in read_records(path):  # an input: read without a lock file; in file order, the newest record wins
         c = rec["cell"]
         files = {r.get("per_sample") for r in rec["rows"]} - {None}
         if c["preset"] == preset and files and (seeds is None or c["seed"] in seeds):
@@ -78,11 +77,11 @@ def load_samples(table1_dir: Path, preset: str, variants: str, flavour: str, see
             continue
         for rel in sorted(files):
             if not (table1_dir / rel).is_file():
-                raise MissingInputError(f"table1-dir: {table1_dir / rel} is listed by {store.path} but missing; "
+                raise MissingInputError(f"table1-dir: {table1_dir / rel} is listed by {path} but missing; "
                                         "rerun Table 1 after deleting its store")
             frames.append(read_per_sample(table1_dir / rel).assign(label=f"{v}/{f}"))
     if not frames:
-        raise MissingInputError(f"table1-dir: {store.path} has no finished {preset!r} cells matching the filters")
+        raise MissingInputError(f"table1-dir: {path} has no finished {preset!r} cells matching the filters")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -107,6 +106,7 @@ def score_stats(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@plots.themed
 def kde_figure(df: pd.DataFrame, dataset: str, path: Path, preset: str = "") -> Path:
     """One panel per score: a KDE per variant/flavour (its fixed colour, damcha_repo dashed), seeds pooled, n per
     curve in the legend; each density stays inside its score's range (BOUNDS) while the axis follows the data.
@@ -129,7 +129,6 @@ def kde_figure(df: pd.DataFrame, dataset: str, path: Path, preset: str = "") -> 
     fig.suptitle(f"App. E: per-sample score densities ({dataset}{f', {preset} preset' if preset else ''}; {n}"
                  f"{f', {seeds} seeds pooled' if seeds else ''})", fontsize=10)
     out = atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
     return out
 
 

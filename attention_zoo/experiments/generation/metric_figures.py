@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ...io import atomic_savefig
-from ...plots import _plt
+from ...plots import _plt, themed
 from ...variants.damcha import block_gradient_norms, explicit_rowsum, metric_generators
 
 __all__ = ["block_gradient_norms", "explicit_rowsum", "gradient_grid_plot", "metric_generators", "metric_heatmaps"]
@@ -33,6 +33,7 @@ def _dedupe(mats: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
     return out
 
 
+@themed
 def metric_heatmaps(matrices: list[tuple[str, Tensor]], path: str | Path, title: str, n_heads: int | None = None,
                     max_panels: int = 12) -> Path:
     """One equal-sized heatmap per distinct (layer, M), each with its own symmetric colour limits and colour bar
@@ -59,10 +60,10 @@ def metric_heatmaps(matrices: list[tuple[str, Tensor]], path: str | Path, title:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
     return out
 
 
+@themed
 def gradient_grid_plot(grids: dict[str, Tensor], path: str | Path, title: str) -> Path:
     """The H×H grids of ‖∂L/∂M_ij‖_F on one shared colour scale (so a gap between layers shows), each panel's own
     maximum in its title."""
@@ -80,5 +81,4 @@ def gradient_grid_plot(grids: dict[str, Tensor], path: str | Path, title: str) -
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
     return out

@@ -256,7 +256,8 @@ def _costs(df: pd.DataFrame) -> pd.DataFrame:
             v = sub.loc[sub["metric"] == metric, "value"]
             return float(v.mean()) if len(v) else math.nan
 
-        p = sub.dropna(subset=["params"]).iloc[0] if sub["params"].notna().any() else None
+        # ok rows carry the parameter counts; a cell that failed (an error row) has none
+        p = sub.dropna(subset=["params"]).iloc[0] if "params" in sub and sub["params"].notna().any() else None
         rows.append({"task": task, "D": 4 * int(d_e), "arm": label,
                      "params (total)": int(p["params"]) if p is not None else None,
                      "params (attention)": int(p["attention_params"]) if p is not None else None,
