@@ -22,7 +22,7 @@ import torch
 import attention_zoo as zoo
 from attention_zoo import bench, plugins, registry
 from attention_zoo.checks import MissingInputError
-from attention_zoo.experiments import appendix_e_kde
+from attention_zoo.experiments.generation import appendix_e_kde
 from attention_zoo.results import ResultStore
 from attention_zoo.variants import moa
 

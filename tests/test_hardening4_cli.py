@@ -20,14 +20,12 @@ from attention_zoo.claims.__main__ import main as claims_main
 from attention_zoo.data import images, seq2seq, text
 from attention_zoo.data.fetch import DatasetError, DatasetNotFoundError
 from attention_zoo.envinfo import resolve_device
-from attention_zoo.experiments import (
-    appendix_e_kde,
-    run_all,
-    synthetic,
-    table5_gpt2,
-    table6_vit,
-    table7_complexity,
-)
+from attention_zoo.experiments import run_all
+from attention_zoo.experiments.efficiency import table7_complexity
+from attention_zoo.experiments.generation import appendix_e_kde
+from attention_zoo.experiments.lm import table5_gpt2
+from attention_zoo.experiments.synthetic import sweep as synthetic
+from attention_zoo.experiments.vision import table6_vit
 from attention_zoo.measure import quick
 from attention_zoo.results import ResultStore
 
