@@ -10,6 +10,7 @@ Rotary positions (``rotary``, ``rotary.py``) reach the variants that declare ``r
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -39,6 +40,14 @@ def autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled(device_type)
     except RuntimeError:
         return False
+
+
+def autocast_off(device_type: str):
+    """``torch.autocast(device_type, enabled=False)``, or nothing where autocast does not exist (meta)."""
+    try:
+        return torch.autocast(device_type, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ def autocast_cast(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     autocast, so its callers cast with this before ``apply`` and run the Function with autocast off: forward and
     backward then compute in one dtype (what ``torch.amp.custom_fwd(cast_inputs=...)`` does for one device)."""
     ref = next((t for t in tensors if t is not None), None)
-    if ref is None or not torch.is_autocast_enabled(ref.device.type):
+    if ref is None or not autocast_enabled(ref.device.type):
         return tensors
     dtype = torch.get_autocast_dtype(ref.device.type)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import Masks, autocast_cast
+from .base import Masks, autocast_cast, autocast_enabled, autocast_off
 from .headmix_native import _fused_backward, _fused_forward, _fused_lib, _native_backward, _native_forward, _native_lib
 from .headmix_ops import _Stage, mix_heads, rezero, softmax_fp32  # noqa: F401  (softmax_fp32: imported from here by THA, DCMHA)
 
@@ -390,10 +390,10 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
     whole core runs in autocast's dtype with autocast off (``autocast_cast``): its backward, which autocast does
     not reach, recomputes the mixes in the forward's dtype.
     """
-    if torch.is_autocast_enabled(q.device.type):
+    if autocast_enabled(q.device.type):
         n_pre = len(pre_tensors)
         q, k, v, *tensors = autocast_cast(q, k, v, *pre_tensors, *post_tensors)
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             return mixed_attention(q, k, v, masks, pre, tensors[:n_pre], post, tensors[n_pre:], chunk=chunk,
                                    dropout=dropout, mix=mix, rezero_fn=rezero_fn)
     pre_s, post_s = _prepare(pre, pre_tensors), _prepare(post, post_tensors)

@@ -29,7 +29,16 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, Rotary, apply_rotary, autocast_cast, check_positive_int, value_shape
+from .base import (
+    AttentionBase,
+    Masks,
+    Rotary,
+    apply_rotary,
+    autocast_cast,
+    autocast_off,
+    check_positive_int,
+    value_shape,
+)
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -51,7 +60,7 @@ class _ExpertLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int, k_out: int) -> Tensor:
-        with torch.autocast(inp.device.type, enabled=False):
+        with autocast_off(inp.device.type):
             rows = _grouped_mm(inp.index_select(0, pos // k_in), w.to(inp.dtype), offs)  # (N*k, n_out)
         ctx.save_for_backward(inp, w, pos, offs)
         ctx.k_in, ctx.k_out = k_in, k_out
@@ -62,7 +71,7 @@ class _ExpertLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         inp, w, pos, offs = ctx.saved_tensors
         k_in = ctx.k_in
-        with torch.autocast(inp.device.type, enabled=False):
+        with autocast_off(inp.device.type):
             g = grad.to(inp.dtype).index_select(0, pos // ctx.k_out)  # (N*k, n_out) in expert order
             w_t = w.to(inp.dtype).transpose(1, 2)  # (E, n_out, n_in)
             grad_in = _scatter_rows(_grouped_mm(g, w_t, offs), pos, k_in)
