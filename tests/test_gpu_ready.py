@@ -63,7 +63,8 @@ def test_every_variant_trains_in_the_prepared_gpu_scripts_dtype_loop_on_cpu():
     failures = dtype_loop("no-such-device")  # every case fails, and each is listed with its file:line
     import attention_zoo as zoo
 
-    assert len(failures) == len(zoo.list_attentions(include_controls=True)) * 2 * 3 and all(f.endswith(")") and ".py:" in f for f in failures)
+    n_cases = len(zoo.list_attentions(include_controls=True)) * 2 * 3
+    assert len(failures) == n_cases and all(f.endswith(")") and ".py:" in f for f in failures)
     try:
         raise ValueError("x")
     except ValueError as exc:
