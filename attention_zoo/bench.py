@@ -28,15 +28,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .bench_plot import plot  # noqa: F401  (attention_zoo.bench.plot: part of the API)
 from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
-from .io import atomic_savefig, atomic_write_csv, atomic_write_json
+from .io import atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
+from .measure.gate import check_variant
 from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
 from .measure.memory import measure_memory_many, memory_item
+from .measure.params import count_params
 from .measure.status import failure_status, free_memory, short_message
 from .measure.workload import build_workload, private_rng, workload_spec
-from .plots import _plt, themed
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
 from .results import ensure_out_file
@@ -46,6 +48,7 @@ BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
 MODES = {"fwd": "forward", "fwd_bwd": "fwd_bwd"}  # benchmark mode -> step_fn / memory mode
 COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled",
+           "params", "attention_params",
            "device", "device_name", "cpu_model", "status", "message", "latency_median_ms", "latency_q25_ms",
            "latency_q75_ms", "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s",
            "compile_fallback", "peak_mib", "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops",
@@ -111,6 +114,8 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
             wl = build_workload(spec, device)
             fwd = analytic_flops(wl.model, wl.batch, wl.seq_len)
             counted = flop_counter_count(wl.model, wl.inputs)[0]
+            params = count_params(wl.model)  # what explains most of a variant's memory: said beside it
+            base = {**base, "params": params["total_params"], "attention_params": params["attention_params"]}
         except Exception as exc:  # noqa: BLE001 - an OOM is a row, anything else propagates
             rows += [_failure_row({**base, "mode": m, "compiled": c}, exc) for m in modes
                      for c in ((False, True) if compile else (False,))]
@@ -160,7 +165,8 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
 def _memory(rows: list[dict], specs: dict, device: torch.device) -> None:
     """Peak memory of one step per eager ok row (fresh process on CPU); compiled rows are not measured."""
     todo = [r for r in rows if r["status"] == "ok" and not r["compiled"]]
-    items = [memory_item(specs[(r["variant"], r["flavor"], r["batch"], r["seq_len"], r["d_model"], r["n_heads"])],
+    items = [memory_item(specs[(r["variant"], r["flavor"], r["dtype"], r["batch"], r["seq_len"], r["d_model"],
+                                r["n_heads"])],
                          MODES[r["mode"]], threads=torch.get_num_threads()) for r in todo]
     kind = "peak_alloc_mib" if device.type == "cuda" else "peak_rss_mib"
     for r, res in zip(todo, measure_memory_many(items, device, workers=1) if items else []):
@@ -185,7 +191,8 @@ def _ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int]] = ((4, 512, 256, 8),), *,
-              device: str | torch.device = "auto", dtype: str = "fp32", modes: Sequence[str] = ("fwd", "fwd_bwd"),
+              device: str | torch.device = "auto", dtype: str | Sequence[str] = "fp32",
+              modes: Sequence[str] = ("fwd", "fwd_bwd"),
               compile: bool = False, flavors: Sequence[str] = ("paper",), causal: bool = False, memory: bool = True,
               warmup: int = 2, repeats: int | None = None, min_time_s: float = 1.0, min_repeats: int = 10,
               progress: bool = False) -> pd.DataFrame:
@@ -193,7 +200,11 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
     to MHA of every variant × flavour × shape × mode; one row each (see ``COLUMNS``).
 
     ``variants``: names or wildcards (a string "mha,d*" or a list); MHA is always added as the baseline.
-    ``shapes``: (batch, seq_len, d_model, n_heads) tuples. ``dtype``: fp32, or bf16/fp16 under autocast.
+    ``shapes``: (batch, seq_len, d_model, n_heads) tuples. ``dtype``: fp32, or bf16/fp16 under autocast, or several
+    of them (one row each; the ``dtype`` column says which). ``flavors``: paper and/or damcha_repo (the CLI's
+    ``--flavors``). Before any timing each variant × flavour × dtype passes the correctness gate
+    (``measure.gate``): a variant that fails gets ``incorrect`` rows with the reason and no speed. Every row carries
+    the model's total and attention parameter counts.
     ``compile``: also time ``torch.compile``d modules (compile time in ``compile_s``, ratio in ``compiled_vs_eager``).
 
     A case whose output (``fwd``) or loss (``fwd_bwd``) is NaN or infinite gives a ``nan`` row, an out-of-memory
@@ -214,8 +225,10 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
     shapes = [_shape(s) for s in shapes]
     if not shapes:
         raise ValueError("shapes: expected at least one (batch, seq_len, d_model, n_heads) tuple")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtypes = [dtype] if isinstance(dtype, str) else list(dtype)
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"dtype: expected one or more of {', '.join(DTYPES)}, got {dtype!r}")
     modes = [modes] if isinstance(modes, str) else list(modes)
     flavors = [flavors] if isinstance(flavors, str) else list(flavors)
     bad = [m for m in modes if m not in MODES]
@@ -227,7 +240,7 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
     device = resolve_device(str(device))
     timing = {"warmup": warmup, "repeats": repeats, "min_time_s": min_time_s, "min_repeats": min_repeats}
     with private_rng(device):
-        rows, specs = _run(names, shapes, device, dtype, modes, compile, flavors, causal, timing, progress)
+        rows, specs = _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing, progress)
     if memory:
         _memory(rows, specs, device)
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
@@ -235,46 +248,33 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
     return _ratios(df)
 
 
-def _run(names, shapes, device, dtype, modes, compile, flavors, causal, timing, progress) -> tuple[list, dict]:
-    """Every case's rows, shape by shape, and the workload spec of each (variant, flavour, shape)."""
-    rows, specs = [], {}
+def _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing, progress) -> tuple[list, dict]:
+    """Every case's rows, shape by shape, and the workload spec of each (variant, flavour, dtype, shape)."""
+    rows, specs, gate = [], {}, {}
     for shape in tqdm(shapes, desc="bench", disable=not progress, unit="shape"):
         cases = {}
         for name in names:
             if causal and not get_attention_spec(name).causal_ok:
                 continue
             for flavor in _flavors(name, flavors):
-                spec = _case_spec(name, flavor, shape, causal, DTYPES[dtype])
-                specs[(name, flavor, *shape)] = spec
-                base = {"variant": name, "flavor": flavor, "batch": shape[0], "seq_len": shape[1],
-                        "d_model": shape[2], "n_heads": shape[3], "causal": causal, "dtype": dtype,
-                        "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
-                cases[(name, flavor)] = (base, spec)
+                for dtype in dtypes:
+                    base = {"variant": name, "flavor": flavor, "batch": shape[0], "seq_len": shape[1],
+                            "d_model": shape[2], "n_heads": shape[3], "causal": causal, "dtype": dtype,
+                            "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
+                    if (name, flavor, dtype) not in gate:  # correctness before speed, once per variant and dtype
+                        amp = DTYPES[dtype]
+                        gate[(name, flavor, dtype)] = check_variant(
+                            name, {"flavor": flavor}, getattr(torch, amp) if amp else torch.float32, device,
+                            autocast=amp is not None)
+                    if gate[(name, flavor, dtype)]:
+                        rows += [{**base, "mode": m, "compiled": False, "status": "incorrect",
+                                  "message": f"correctness gate: {gate[(name, flavor, dtype)]}"} for m in modes]
+                        continue
+                    spec = _case_spec(name, flavor, shape, causal, DTYPES[dtype])
+                    specs[(name, flavor, dtype, *shape)] = spec
+                    cases[(name, flavor, dtype)] = (base, spec)
         rows += _time_shape(cases, device, modes, compile, timing)
     return rows, specs
-
-
-@themed
-def plot(df: pd.DataFrame, path: str | Path, mode: str = "fwd_bwd") -> Path:
-    """Latency and peak memory vs sequence length, one line per variant/flavour (log-log), for ``mode``."""
-
-    plt, sns = _plt()
-    ok = df[(df["status"] == "ok") & (df["mode"] == mode) & ~df["compiled"]].copy()
-    ok["case"] = ok["variant"] + "/" + ok["flavor"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (col, label) in zip(axes, (("latency_median_ms", f"{mode} latency, ms (median)"),
-                                       ("peak_mib", f"{mode} peak memory, MiB"))):
-        data = ok[pd.to_numeric(ok[col], errors="coerce") > 0]
-        if not data.empty:
-            sns.lineplot(data=data, x="seq_len", y=col, hue="case", marker="o", errorbar=None, ax=ax)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-        ax.set_xlabel("sequence length T (tokens)")
-        ax.set_ylabel(label)
-    fig.tight_layout()
-    out = atomic_savefig(fig, path, dpi=120)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,15 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(CPU time per seed-step of the synthetic sweeps' models); train --help "
                                        "lists its flags")
     p.add_argument("--variants", default="*", help="comma-separated names or wildcards; MHA is always added")
-    p.add_argument("--flavor", "--flavour", dest="flavor", choices=("paper", "damcha_repo", "both"), default="paper",
-                   help="baseline flavour(s); variants without the flavour run their paper method")
+    p.add_argument("--flavors", "--flavor", "--flavour", dest="flavors", nargs="+",
+                   choices=("paper", "damcha_repo", "both"), default=["paper"],
+                   help="baseline flavour(s) (benchmark(flavors=...)); both = paper damcha_repo; variants without "
+                        "the flavour run their paper method")
     p.add_argument("--batch", type=positive_int, nargs="+", default=[4], help="batch sizes")
     p.add_argument("--seq-len", type=positive_int, nargs="+", default=[512], help="sequence lengths")
     p.add_argument("--d-model", type=positive_int, nargs="+", default=[256], help="model widths")
     p.add_argument("--heads", type=positive_int, nargs="+", default=[8], help="head counts (must divide d_model)")
     p.add_argument("--causal", action="store_true", help="causal masking")
     p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="what is timed")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="fp32, or bf16/fp16 under autocast")
+    p.add_argument("--dtype", nargs="+", choices=tuple(DTYPES), default=["fp32"],
+                   help="fp32, or bf16/fp16 under autocast; several values give one row each (dtype column)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd modules")
     p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -302,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-repeats", type=positive_int, default=10, help="timed calls per case, at least")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurement")
     p.add_argument("--results-file", type=Path, default=None, help="CSV of the rows (an .env.json beside it)")
-    p.add_argument("--plot", type=Path, default=None, help="PNG of latency and memory vs T")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="PNG: a bar chart of latency and memory for one shape, else latency and memory vs T")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     add_include_argument(p)
     return p
@@ -329,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             ensure_out_file(path, arg, figure=arg == "plot")
     setup_threads(args.threads)
     shapes = [(b, t, d, h) for b in args.batch for t in args.seq_len for d in args.d_model for h in args.heads]
-    flavors = ("paper", "damcha_repo") if args.flavor == "both" else (args.flavor,)
+    flavors = [f for f in ("paper", "damcha_repo") if f in args.flavors or "both" in args.flavors]
     df = benchmark(args.variants, shapes, device=args.device, dtype=args.dtype, modes=args.modes,
                    compile=args.compile, flavors=flavors, causal=args.causal, memory=args.memory,
                    warmup=args.warmup, repeats=args.repeats, min_time_s=args.min_time,
@@ -347,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(df, args.plot, "fwd_bwd" if "fwd_bwd" in args.modes else args.modes[0])
     if not args.quiet:
-        cols = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "mode", "compiled",
+        cols = ["variant", "flavor", "dtype", "batch", "seq_len", "d_model", "n_heads", "mode", "compiled", "params",
                 "latency_median_ms", "latency_iqr_ms", "latency_vs_mha", "peak_mib", "memory_vs_mha",
                 "achieved_gflops", "unstable"]
         with pd.option_context("display.width", 200, "display.max_columns", 20):

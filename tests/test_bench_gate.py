@@ -126,3 +126,27 @@ def test_the_gemm_reference_on_cuda_is_bf16_with_tf32_stated():
     assert gemm_dtype(torch.device("cuda")) == torch.bfloat16 and gemm_dtype(torch.device("cpu")) == torch.float32
     assert gemm_description(torch.device("cuda")).startswith("bf16 GEMM 2048x2048 (TF32 matmul ")
     assert gemm_description(torch.device("cpu")) == "fp32 GEMM 2048x2048"
+
+
+def test_bench_rows_carry_dtype_and_parameters_and_no_speed_for_a_failing_variant(broken, tmp_path):
+    df = zoo.benchmark(["tha", broken], shapes=[(1, 16, 16, 2)], device="cpu", dtype=["fp32", "bf16"],
+                       modes=("fwd_bwd",), memory=False, min_time_s=0.0, min_repeats=2)
+    ok = df[df["status"] == "ok"]
+    assert set(ok["dtype"]) == {"fp32", "bf16"} and {"mha", "tha"} <= set(ok["variant"])
+    assert (ok["params"] >= ok["attention_params"]).all() and (ok["attention_params"] > 0).all()
+    bad = df[(df["variant"] == broken) & (df["dtype"] == "fp32")]  # wrong only in float32: refused there
+    assert set(bad["status"]) == {"incorrect"} and bad["latency_median_ms"].isna().all()
+    from attention_zoo.bench import plot
+
+    out = plot(df, tmp_path / "one_shape.png")  # one shape: a bar chart
+    assert out.stat().st_size > 0
+
+
+def test_bench_cli_takes_the_apis_option_names(tmp_path):
+    from attention_zoo.bench import main
+
+    csv = tmp_path / "b.csv"
+    assert main(["--variants", "mha", "--flavors", "paper", "--batch", "1", "--seq-len", "8", "--d-model", "8",
+                 "--heads", "2", "--dtype", "fp32", "bf16", "--modes", "fwd", "--no-memory", "--min-time", "0.01",
+                 "--min-repeats", "2", "--threads", "1", "--quiet", "--results-file", str(csv)]) == 0
+    assert set(pd.read_csv(csv)["dtype"]) == {"fp32", "bf16"}
