@@ -88,7 +88,7 @@ def autocast_cast(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     autocast, so its callers cast with this before ``apply`` and run the Function with autocast off: forward and
     backward then compute in one dtype (what ``torch.amp.custom_fwd(cast_inputs=...)`` does for one device)."""
     ref = next((t for t in tensors if t is not None), None)
-    if ref is None or not torch.is_autocast_enabled(ref.device.type):
+    if ref is None or not autocast_enabled(ref.device.type):
         return tensors
     dtype = torch.get_autocast_dtype(ref.device.type)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
