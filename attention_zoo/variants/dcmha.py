@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
+from .headmix_batched import use_batched
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
 
@@ -58,7 +59,7 @@ class DynamicallyComposableMHA(AttentionBase):
     the exact GELU of DCFormer's PyTorch code), [w1; w2] = h_c W2_c, w1 RMS-normalised over H (no scale, eps 1e-6),
     gate_c = tanh(x Wd_c); no biases. Init as the reference: W1 ~ N(0, 2/(D+C)),
     W2 ~ N(0, (0.01 * 2/(H+R) / sqrt(C))^2), Wd ~ N(0, (0.005 * sqrt(2/(D+H)))^2), static ~ N(0, 0.01/H),
-    so the module starts close to MHA. Queries are processed in blocks of ``query_chunk`` rows (exact:
+    so the module starts close to MHA. On the CPU queries are processed in blocks of ``query_chunk`` rows (exact:
     every step is per query row), which bounds the [B,H,chunk,S] intermediates of a no-grad forward (with
     autograd every block's saved tensors stay alive until backward).
 
@@ -168,7 +169,9 @@ class DynamicallyComposableMHA(AttentionBase):
         wf = w1.float() if w1.dtype in (torch.float16, torch.bfloat16) else w1
         w1 = (wf * torch.rsqrt(wf.pow(2).mean(-1, keepdim=True) + RMS_EPS)).to(w1.dtype)
         gate = torch.tanh(self.dyn_d(x)).view(B, T, n, H)  # (B, T, n, H)
-        return {c: (w1[:, :, i], w2[:, :, i], gate[:, :, i]) for i, c in enumerate(self.splits)}
+        # unbind, not one index per split: its backward is one stack per tensor instead of a zero-filled
+        # gradient per split and their sum (kernel launches on an accelerator)
+        return dict(zip(self.splits, zip(w1.unbind(2), w2.unbind(2), gate.unbind(2), strict=True), strict=True))
 
     def _attend(self, x: Tensor, masks: Masks, stack_context, rotary: Rotary | None = None) -> Tensor:
         B, T, D = x.shape
@@ -194,9 +197,11 @@ class DynamicallyComposableMHA(AttentionBase):
             g = torch.sigmoid(self.gate(x))[..., None]  # (B, T, out, 1)
             eye = torch.eye(self.n_heads, dtype=x.dtype, device=x.device)
             mix = g * alpha.transpose(2, 3) + (1 - g) * eye  # (B, T, out, in)
+        # blocks of query rows bound the CPU's temporaries; off the CPU one block, as the paper flavour's batched core
+        chunk = T if use_batched(x.device) else self.query_chunk
         outs = []
-        for t0 in range(0, T, self.query_chunk):
-            rows = slice(t0, t0 + self.query_chunk)
+        for t0 in range(0, T, chunk):
+            rows = slice(t0, t0 + chunk)
             m = query_rows(masks, rows)
             logits = q[:, :, rows] @ k_t  # (B, H, c, S)
             if self.flavor == "paper":

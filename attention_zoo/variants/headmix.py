@@ -18,9 +18,13 @@ as one batched GEMM over (b, t); the key-side terms vary along the key axis, the
 broadcast products over the H planes (low rank: R projections and R expansions, plus the gate). The same values as
 the term-by-term sum up to float reassociation. Its backward with respect to a is the same map transposed.
 
-Under ``torch.compile`` the core is one custom op, ``attention_zoo::mixed_attention_core`` (and its backward op):
-the graph holds one node for the blocked eager code instead of the unrolled block loop, so it neither breaks nor
-grows with T, and inductor compiles the layer around it (see "the core as one custom op" below).
+That is the CPU's core. On every other device ``mixed_attention`` runs ``headmix_batched.batched_attention``
+instead, the same pipeline on the whole [B,H,T,S] tensor with autograd's backward: there each iteration of the
+loops below would be a kernel launch.
+
+Under ``torch.compile`` on the CPU the core is one custom op, ``attention_zoo::mixed_attention_core`` (and its
+backward op): the graph holds one node for the blocked eager code instead of the unrolled block loop, so it neither
+breaks nor grows with T, and inductor compiles the layer around it (see "the core as one custom op" below).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .base import Masks, autocast_cast, autocast_enabled, autocast_off
+from .headmix_batched import batched_attention, use_batched
 from .headmix_native import _fused_backward, _fused_forward, _fused_lib, _native_backward, _native_forward, _native_lib
 from .headmix_ops import _Stage, mix_heads, rezero, softmax_fp32  # noqa: F401  (softmax_fp32: imported from here by THA, DCMHA)
 
@@ -71,8 +76,9 @@ def query_matrix(w1: Tensor, w2: Tensor, dd: Tensor, static: Tensor | None, iden
     return m if static is None else m + static
 
 
-def _prepare(stage: MixStage | None, tensors) -> _Stage | None:
-    """Stage tensors -> the ``_Stage`` layout, with plain differentiable ops on the small weights."""
+def _prepare(stage: MixStage | None, tensors, blocked: bool = True) -> _Stage | None:
+    """Stage tensors -> the ``_Stage`` layout, with plain differentiable ops on the small weights. ``blocked``: the
+    key-side weights copied to the blocked core's memory layout; the batched core reads them as strided views."""
     if stage is None:
         return None
     static, qw, kw = _unpack(stage, tensors)
@@ -85,8 +91,10 @@ def _prepare(stage: MixStage | None, tensors) -> _Stage | None:
     copy = qmat is None and mixmat is None and stage.identity
     k1 = k2 = kdd = None
     if kw is not None:  # (B, S, R, H) -> (B, R, H, S): unit stride along the keys, as the block
-        k1, k2 = (w.permute(0, 2, 3, 1).contiguous() for w in kw[:2])
-        kdd = kw[2].transpose(1, 2).contiguous()  # (B, H, S)
+        k1, k2 = (w.permute(0, 2, 3, 1) for w in kw[:2])
+        kdd = kw[2].transpose(1, 2)  # (B, H, S)
+        if blocked:
+            k1, k2, kdd = k1.contiguous(), k2.contiguous(), kdd.contiguous()
     return _Stage(qmat, mixmat, copy, k1, k2, kdd)
 
 
@@ -388,7 +396,8 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
     ``mix`` and ``rezero_fn`` are the caller's static head mix and re-zeroing (THA passes its module's own, which
     its tests patch). ``dropout`` is the attention-dropout probability in effect (0 in eval). Under autocast the
     whole core runs in autocast's dtype with autocast off (``autocast_cast``): its backward, which autocast does
-    not reach, recomputes the mixes in the forward's dtype.
+    not reach, recomputes the mixes in the forward's dtype. Off the CPU (or inside ``batched_core()``) the core is
+    the batched one, eager and under torch.compile alike.
     """
     if autocast_enabled(q.device.type):
         n_pre = len(pre_tensors)
@@ -396,7 +405,10 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
         with autocast_off(q.device.type):
             return mixed_attention(q, k, v, masks, pre, tensors[:n_pre], post, tensors[n_pre:], chunk=chunk,
                                    dropout=dropout, mix=mix, rezero_fn=rezero_fn)
-    pre_s, post_s = _prepare(pre, pre_tensors), _prepare(post, post_tensors)
+    batched = use_batched(q.device)
+    pre_s, post_s = _prepare(pre, pre_tensors, not batched), _prepare(post, post_tensors, not batched)
+    if batched:  # off the CPU: a few large kernels instead of the blocked loops' many small ones
+        return batched_attention(q, k, v, masks, pre_s, post_s, dropout, mix, rezero_fn)
     if torch.compiler.is_compiling():  # one opaque op in the graph (see _core_op): nothing unrolled
         return _compiled_core(q, k, v, masks, pre_s, post_s, chunk, dropout)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

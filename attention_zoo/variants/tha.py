@@ -35,13 +35,13 @@ class TalkingHeadsAttention(AttentionBase):
     rotary_ok = True
     flavors = ("paper", "damcha_repo")
     flop_count_note = (
-        "causal, the chunked core computes only the key blocks at or below the diagonal (query blocks of "
+        "causal, the chunked CPU core computes only the key blocks at or below the diagonal (query blocks of "
         "`query_chunk` = 64 rows), so FlopCounterMode and fvcore see (n + 1)/2n of the T x T work (logits, both "
         "head mixes, A·V; n = T/64 blocks), while analytic_flops counts the method's full T x T cost")
     memory_note = (
         "with attention dropout, MHA's SDPA call takes PyTorch's unfused math path on CPU, which keeps the logits, "
         "the softmax, the dropout mask and the dropped weights of every layer for backward, while THA's chunked "
-        "core keeps one weights tensor and its dropout mask, and (causal) only the key blocks at or below the "
+        "CPU core keeps one weights tensor and its dropout mask, and (causal) only the key blocks at or below the "
         "diagonal (tests/test_table2.py measures both with saved-tensor hooks)")
     query_chunk = 64  # rows per block of the chunked core: exact for any value, 4 MiB blocks at H=8, S=512
 
@@ -81,7 +81,8 @@ class TalkingHeadsAttention(AttentionBase):
         q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)  # before the logits: each head's logits are relative, so are their mixes
         # The chunked core (headmix.py) runs logits -> pre-mix -> mask (finite negative, after the mix: never -inf
-        # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward.
+        # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward
+        # (on the CPU; other devices run the same pipeline batched, headmix_batched.py).
         # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S].
         pre = self.pre_proj.weight * self.head_dim**-0.5
         out = mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [self.post_proj.weight],
