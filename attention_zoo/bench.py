@@ -48,7 +48,7 @@ BASELINE = "mha"
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # benchmark dtype -> autocast dtype
 MODES = {"fwd": "forward", "fwd_bwd": "fwd_bwd"}  # benchmark mode -> step_fn / memory mode
 COLUMNS = ["variant", "flavor", "batch", "seq_len", "d_model", "n_heads", "causal", "mode", "dtype", "compiled",
-           "params", "attention_params",
+           "params", "attention_params", "path",
            "device", "device_name", "cpu_model", "status", "message", "latency_median_ms", "latency_q25_ms",
            "latency_q75_ms", "latency_iqr_ms", "repeats", "unstable", "unstable_reason", *LOAD_KEYS, "compile_s",
            "compile_fallback", "peak_mib", "memory_kind", "fwd_gflop_analytic", "fwd_gflop_counted", "achieved_gflops",
@@ -115,7 +115,8 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
             fwd = analytic_flops(wl.model, wl.batch, wl.seq_len)
             counted = flop_counter_count(wl.model, wl.inputs)[0]
             params = count_params(wl.model)  # what explains most of a variant's memory: said beside it
-            base = {**base, "params": params["total_params"], "attention_params": params["attention_params"]}
+            base = {**base, "params": params["total_params"], "attention_params": params["attention_params"],
+                    "path": wl.compute_path()}
         except Exception as exc:  # noqa: BLE001 - an OOM is a row, anything else propagates
             rows += [_failure_row({**base, "mode": m, "compiled": c}, exc) for m in modes
                      for c in ((False, True) if compile else (False,))]

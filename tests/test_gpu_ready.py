@@ -86,3 +86,16 @@ def test_one_training_step_under_bf16_autocast(tmp_path):
     res = train(model, cfg, WindowSampler([stream], 16, 4, seed=1), tmp_path,
                 {"val": WindowEvaluator(stream[:400], 16, 8)})
     assert res.status == "ok" and res.step == 2
+
+
+def test_rows_say_which_implementation_ran_where_it_differs_by_device():
+    from attention_zoo.measure.workload import build_workload, workload_spec
+
+    def path(name, device, dtype="float32"):
+        return build_workload(workload_spec(attention=name, batch=1, seq_len=8, d_model=8, n_heads=2, dtype=dtype),
+                              device).compute_path()
+
+    assert path("tha", "cpu") == "blocked head-mix core (CPU)" and path("tha", "meta") == "batched head-mix core"
+    assert path("dcmha", "meta") == "batched head-mix core" and path("mha", "meta") == ""
+    assert path("moa", "meta", "bfloat16") == "experts: grouped GEMM"
+    assert path("moa", "meta").startswith("experts: per-expert loop")  # fp32 off the CPU: the host reads sizes

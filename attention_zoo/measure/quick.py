@@ -104,7 +104,7 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         def build(spec=spec):
             wl = build_workload(spec, device)
             return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len),
-                    "params": count_params(wl.model), "launch": count_ops(spec)}
+                    "params": count_params(wl.model), "launch": count_ops(spec), "path": wl.compute_path()}
 
         res = guarded(build, device)
         if res["status"] == "ok":
@@ -123,6 +123,7 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         params = live[label]["params"]
         rows[label] = {"status": "ok", "message": None, "params": params["total_params"],
                        "aten_ops_meta": live[label]["launch"]["ops"], "host_syncs_meta": live[label]["launch"]["syncs"],
+                       "path": live[label]["path"],
                        "attention_params": params["attention_params"], "fwd_gflop": fwd / 1e9,
                        "fwd_bwd_ms": lat.median_ms,
                        "iqr_ms": lat.iqr_ms, "q25_ms": lat.q25_ms, "q75_ms": lat.q75_ms,

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int
 from ..registry import create_attention
-from ..variants.base import collect_aux_losses
+from ..variants.base import AttentionBase, collect_aux_losses
 
 KINDS = ("attention", "decoder")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,6 +84,17 @@ class Workload:
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
+
+    def compute_path(self) -> str:
+        """The implementations its attentions run here, where they differ by device (``compute_path`` hooks)."""
+        device = next((t.device for t in self.inputs if torch.is_tensor(t)), torch.device("cpu"))
+        dtype = DTYPES[self.spec.get("amp") or self.spec["dtype"]]
+        paths = []
+        for m in self.model.modules():
+            path = m.compute_path(device, dtype) if isinstance(m, AttentionBase) else ""
+            if path and path not in paths:
+                paths.append(path)
+        return "; ".join(paths)
 
 
 def _attention_loss(model: nn.Module) -> Callable[[Tensor], Tensor]:

@@ -221,6 +221,9 @@ class DynamicallyComposableMHA(AttentionBase):
         static = self.static[self.stages.index(stage)] if self.use_static else None
         return compose(a, qw, dyn.get(f"{stage}_k"), static)
 
+    def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
+        return "batched head-mix core" if use_batched(torch.device(device)) else "blocked head-mix core (CPU)"
+
     def analytic_params(self) -> int:
         D, H = self.d_model, self.n_heads
         mha = 4 * D * D + (4 * D if self.bias else 0)

@@ -315,6 +315,9 @@ class MixtureOfAttentionHeads(AttentionBase):
         return self.out_proj(out.reshape(B, T, k * dh))
 
     # ---- costs ---------------------------------------------------------------------------------------------
+    def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
+        return f"experts: {grouped_path(device, dtype)}" if self.flavor == "paper" else ""
+
     def compile_fallback(self) -> str | None:
         """``paper``: the top-k dispatch has data-dependent expert group sizes, so the routing breaks the compiled
         graph and the expert GEMMs run per expert between the pieces; measured 1.2-1.4x slower than eager (B=4,

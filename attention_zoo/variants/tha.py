@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
+from .headmix_batched import use_batched
 
 __all__ = ["TalkingHeadsAttention", "mix_heads", "rezero", "softmax_fp32"]
 _STATIC_MIX = MixStage(identity=False, static=True, query=False, key=False)
@@ -89,6 +90,9 @@ class TalkingHeadsAttention(AttentionBase):
                               chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
                               mix=mix_heads, rezero_fn=rezero)  # this module's names, looked up per call
         return self.out_proj(self.merge_heads(out))
+
+    def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
+        return "batched head-mix core" if use_batched(torch.device(device)) else "blocked head-mix core (CPU)"
 
     def analytic_params(self) -> int:
         D, H = self.d_model, self.n_heads
