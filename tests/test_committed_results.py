@@ -25,10 +25,15 @@ def rendered(tmp_path_factory) -> Path:
     return copy
 
 
+FRESHNESS = re.compile(r"^(\*\*Older than its code:\*\*|Code: ).*$", re.M)
+
+
 @pytest.mark.parametrize("name", RENDERED)
 def test_committed_report_equals_what_the_code_renders_from_the_committed_stores(rendered, name):
-    committed = (RESULTS / name).read_text()
-    assert committed == (rendered / name).read_text(), (
+    # Each section's age against the code is read from git history, which a shallow checkout may lack: compared
+    # apart (tests/test_results_index.py plants a history), the rest must match byte for byte.
+    committed = FRESHNESS.sub("<freshness>", (RESULTS / name).read_text())
+    assert committed == FRESHNESS.sub("<freshness>", (rendered / name).read_text()), (
         f"results/{name} is stale: rebuild it with `python reproduce/all.py --index-only` and commit it")
 
 

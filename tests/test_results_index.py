@@ -1,6 +1,7 @@
 """The results/README.md builder on a tiny results tree."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -44,3 +45,45 @@ def test_index_names_every_sitting_of_a_resumed_store(tmp_path):
             "started 2026-01-01T01:00:00+00:00); 2 by `B` (commit `bbbbbbb`") in md
     (t / "table9.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines if x.get("run_id") != "B"))
     assert "Resumed stores" not in build_index(tmp_path).read_text()  # one sitting: nothing to say
+
+
+def test_the_index_flags_a_section_whose_code_changed_after_its_run(tmp_path):
+    """A planted history: the package at a 'run' commit, then one commit touching a file the section's numbers
+    depend on and one touching render-only code; only the first makes the section older than its code."""
+    import shutil
+    import subprocess
+
+    from attention_zoo.experiments.freshness import code_files, freshness_line
+
+    repo = tmp_path / "repo"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "attention_zoo", repo / "attention_zoo",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "code of the run")
+    run = git("rev-parse", "HEAD")
+    folder = tmp_path / "results" / "table5_gpt2"
+    folder.mkdir(parents=True)
+    (folder / "table5_gpt2.env.json").write_text(json.dumps({"git_commit": run, "runs": [{"git_commit": run}]}))
+    modules = ("attention_zoo.experiments.lm.table5_gpt2",)
+    files = code_files(modules, repo)
+    assert "attention_zoo/experiments/lm/table5_gpt2.py" in files and "attention_zoo/variants/damcha.py" in files
+    assert not any(f.startswith("attention_zoo/claims/") or f.endswith("report.py") for f in files)
+    assert "no later commit changed" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+
+    with open(repo / "attention_zoo" / "claims" / "table.py", "a") as f:  # renders: cannot change a number
+        f.write("\n# a comment\n")
+    git("commit", "-qam", "render-only change")
+    assert "no later commit changed" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+
+    with open(repo / "attention_zoo" / "variants" / "damcha_ops.py", "a") as f:  # the section's code
+        f.write("\n# a comment\n")
+    git("commit", "-qam", "a change the section depends on")
+    line = freshness_line(folder, {}, "table5_gpt2", modules, repo)
+    assert line.startswith("**Older than its code:**") and "1 later commit(s)" in line
+    assert git("rev-parse", "--short=7", "HEAD") in line

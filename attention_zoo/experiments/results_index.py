@@ -17,6 +17,8 @@ import pandas as pd
 from ..claims import verdict_frame, verdict_markdown, verdicts_for
 from ..io import atomic_write_csv, atomic_write_text, read_jsonl
 from ..registry import get_attention_spec, list_attentions
+from .freshness import freshness_line
+from .protocol import EXPERIMENTS
 
 DISCREPANCIES = """\
 1. **Original vs current DAMCHA code.** The authors' first code (commit e6c19f1) fed the generator a learned
@@ -269,12 +271,24 @@ def _resumed_stores(results: Path) -> list[str]:
             "cell's own CPU time is in its rows.", "", *out, ""]
 
 
-def _section_lines(results: Path, sec: Section, scripts: dict, seen_md: set, verdicts: list) -> list[str]:
+def section_modules(sec: Section) -> tuple[str, ...]:
+    """The modules whose code makes a section's numbers (``freshness``)."""
+    if sec.script == "benchmark":
+        return ("attention_zoo.measure.quick", EXPERIMENTS["synthetic"].module_path.rpartition(".")[0]
+                + ".train_speed")
+    name = sec.script.removesuffix("_decide")
+    return (EXPERIMENTS[name].module_path,) if name in EXPERIMENTS else ()
+
+
+def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verdicts: list) -> list[str]:
     md, figs, missing = section_files(results, sec)
     out = [f"## {sec.name}: {sec.title}", ""]
     folder = results / sec.script
     if sec.optional and not folder.is_dir():
         return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
+    scripts = record.get("scripts") or {}
+    if section_modules(sec):
+        out += [freshness_line(folder, record, sec.script, section_modules(sec)), ""]
     rec = scripts.get(sec.script)
     if rec:
         out.append(f"Script `{sec.script}`: {_fmt_s(rec.get('wall_s'))} wall, {_fmt_s(rec.get('cpu_s'))} CPU, "
@@ -321,7 +335,6 @@ def build_index(results: str | Path, preset: str | None = None) -> Path:
     """Write ``<results>/README.md`` from the files under ``results`` and ``run_all.json``."""
     results = Path(results)
     record = load_run_record(results)
-    scripts = record.get("scripts") or {}
     runs = record.get("runs") or []
     preset = preset or (runs[-1].get("preset") if runs else "smoke")
     command = runs[-1].get("command") if runs else f"python reproduce/all.py --preset {preset}"
@@ -337,7 +350,7 @@ def build_index(results: str | Path, preset: str | None = None) -> Path:
     out += ["## How these results were made", ""] + _how_made(record, results)
     seen_md: set[Path] = set()
     for sec in SECTIONS:
-        out += _section_lines(results, sec, scripts, seen_md, verdicts)
+        out += _section_lines(results, sec, record, seen_md, verdicts)
         if sec.script == "rowsum_analysis":
             out += ["### DAMCHA under RowSum", "", ROWSUM, _rowsum_numbers(results)]
     known = {s.script for s in SECTIONS}

@@ -1,0 +1,124 @@
+"""Is a report section older than the code that made its numbers? Computed from git, never typed.
+
+A section's numbers depend on the modules its script imports, followed transitively inside ``attention_zoo`` (read
+with ``ast``, nothing imported; the sub-packages' ``__init__`` modules that run on the way, and the registered
+attentions every experiment creates by name): the experiment, the variants, backbones, training, data and
+measurement code it reaches. Code that only renders — the claims layer, reports, plots, file I/O, the command-line
+plumbing, the driver and the index — can change how a number is shown but not the number, and is left out. The
+section's runs are named by commit in its folder's environment records (every sitting of a resumed store) and in
+the driver's run record; the section is stale when a commit after the oldest of them changed one of its files.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = "attention_zoo"
+ROOT = Path(__file__).resolve().parents[2]  # the repository (the package's parent folder)
+# Modules whose changes cannot change a stored number (they render, validate arguments or schedule runs).
+RENDER_ONLY = ("attention_zoo.claims", "attention_zoo.report", "attention_zoo.plots", "attention_zoo.bench_plot",
+               "attention_zoo.io", "attention_zoo.cli", "attention_zoo.experiments.results_index",
+               "attention_zoo.experiments.freshness", "attention_zoo.experiments.dryrun",
+               "attention_zoo.experiments.launchers", "attention_zoo.experiments.run_all")
+
+
+def _file(module: str, root: Path) -> Path | None:
+    base = root / Path(*module.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(module: str, path: Path, root: Path) -> set[str]:
+    """Modules of the package that ``path`` (module ``module``) imports."""
+    out = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.startswith(PACKAGE) and _file(n, root) is not None}
+    return out
+
+
+def _render_only(module: str) -> bool:
+    return module.startswith(RENDER_ONLY) or module.rpartition(".")[2].endswith("report")
+
+
+@lru_cache(maxsize=64)
+def code_files(modules: tuple[str, ...], root: Path = ROOT) -> tuple[str, ...]:
+    """Repository-relative paths of the modules ``modules`` reach, render-only code left out."""
+    seen, todo = set(), [*modules, f"{PACKAGE}.variants"]  # every experiment creates the registered attentions
+    while todo:
+        mod = todo.pop()
+        path = _file(mod, root)
+        if mod in seen or path is None or _render_only(mod):
+            continue
+        seen.add(mod)
+        parents = [".".join(mod.split(".")[:i]) for i in range(2, mod.count(".") + 1)]  # sub-package inits run too
+        todo += sorted((_imports(mod, path, root) | set(parents)) - seen)
+    return tuple(sorted(str(_file(m, root).relative_to(root)) for m in seen))
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def section_commits(folder: Path, run_record: dict, script: str) -> list[str]:
+    """Commits of the runs behind a results folder: its ``.env.json`` records (and their sittings) and the
+    driver's record of ``script``."""
+    out = []
+    for env_file in sorted(folder.glob("*.env.json")):
+        env = json.loads(env_file.read_text())
+        out += [env.get("git_commit")] + [r.get("git_commit") for r in env.get("runs") or []]
+    rec = (run_record.get("scripts") or {}).get(script) or {}
+    out += [r.get("git_commit") for r in run_record.get("runs") or [] if r.get("run_id") == rec.get("run_id")]
+    return sorted({c for c in out if c and c != "unknown"})
+
+
+def later_changes(commits: list[str], files: tuple[str, ...], root: Path = ROOT) -> list[str] | None:
+    """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files``; None when
+    git cannot tell (no repository, or none of the commits is in its history)."""
+    found = None
+    for c in commits:
+        log = _git(root, "log", "--format=%h %s", f"{c}..HEAD", "--", *files)
+        if log is not None:
+            lines = [x for x in log.splitlines() if x.strip()]
+            found = lines if found is None or len(lines) > len(found) else found
+    return found
+
+
+def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[str, ...],
+                   root: Path = ROOT) -> str:
+    """One line for the report: up to date with the code at HEAD, or which later commits changed its code."""
+    commits = section_commits(folder, run_record, script)
+    if not commits:
+        return "Code: no run commit recorded for this section; its age against the code cannot be told."
+    changes = later_changes(commits, code_files(modules, root), root)
+    runs = ", ".join(f"`{c[:7]}`" for c in commits)
+    if changes is None:
+        return f"Code: run at {runs}; git cannot tell whether its code changed since (commit not in this history)."
+    if not changes:
+        return f"Code: run at {runs}; no later commit changed the code its numbers depend on."
+    shown = "; ".join(f"`{x.split(' ', 1)[0]}`" for x in changes[:8]) + ("; …" if len(changes) > 8 else "")
+    return (f"**Older than its code:** run at {runs}; {len(changes)} later commit(s) changed code its numbers depend "
+            f"on ({shown}): rerun it to bring it to HEAD.")
+
+
+__all__ = ["code_files", "freshness_line", "later_changes", "section_commits"]
