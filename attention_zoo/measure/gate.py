@@ -84,4 +84,12 @@ def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = t
     return None
 
 
-__all__ = ["check_variant"]
+def gate_status(reason: str) -> str:
+    """The row status of a gate failure: ``nan`` (non-finite values), ``incorrect`` (finite but wrong values) or
+    ``error`` (the variant raised)."""
+    if "non-finite" in reason:
+        return "nan"
+    return "incorrect" if " differs " in reason else "error"
+
+
+__all__ = ["check_variant", "gate_status"]
