@@ -92,7 +92,8 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
 
 
 def _cell_line(cell: dict) -> str:
-    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "seed")
+    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "phase", "lr", "weight_decay",
+            "seed")
     return " ".join(f"{k}={cell[k]}" for k in keys if k in cell)
 
 
