@@ -118,7 +118,8 @@ def tune_scores(records: list[dict], metric: str) -> dict[str, dict[tuple[float,
         cell = rec["cell"]
         if cell.get("phase") != "tune":
             continue
-        vals = [r["value"] for r in rec["rows"] if r.get("metric") == metric and r.get("status", "ok") == "ok"]
+        vals = [r["value"] for r in rec["rows"] if r.get("metric") == metric and r.get("status", "ok") == "ok"
+                and r.get("eval_set", cell.get("dataset")) == cell.get("dataset")]  # a mix's own figure
         value = float(vals[0]) if vals and isinstance(vals[0], (int, float)) else math.nan
         out.setdefault(arm_id(cell), {}).setdefault((cell["lr"], cell["weight_decay"]), []).append(value)
     return out
@@ -190,5 +191,25 @@ def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], st
     return lines
 
 
-__all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_id", "choose", "execute_stages", "report_lines",
+def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what: str) -> list[str]:
+    """The calibration rows of a decide report: each arm's mean ``metric`` beside its task's trivial predictor
+    (``trivial``, stored beside it: unigram, majority class, training mean) and the margin between them, so a
+    reader sees that the stand-in learned (the gate of ``claims.gate`` decides it per cell)."""
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    got = ok[ok["metric"] == metric].groupby(["variant", "flavor"])["value"].mean()
+    ref = ok[ok["metric"] == trivial].groupby(["variant", "flavor"])["value"].mean()
+    if got.empty or ref.empty:
+        return []
+    lines = [f"## Calibration: {metric} vs the trivial predictor ({what}; means over seeds)", "",
+             f"| arm | {metric} | {trivial} | margin |", "|---|---|---|---|"]
+    for (variant, flavor), v in got.items():
+        t = ref.get((variant, flavor), math.nan)
+        margin = (t - v if lower_is_better else v - t)
+        rel = f" ({100 * margin / t:+.1f} % of it)" if lower_is_better and t else ""
+        lines.append(f"| {variant}/{flavor} | {v:.4f} | {t:.4f} | {margin:+.4f}{rel} |")
+    return lines
+
+
+__all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_id", "calibration_lines", "choose", "execute_stages",
+           "report_lines",
            "tune_scores", "tuned_cells"]
