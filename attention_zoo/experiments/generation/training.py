@@ -38,6 +38,7 @@ from ...registry import split_options
 from .config import PRESETS, Context, Preset, cell_name  # noqa: F401 - PRESETS re-exported
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions, load_data  # noqa: F401 - re-exported
 from .scoring import VAL_UNIT, _row, score_cell, validation_loss
+from .trivial import trivial_predictor
 
 
 class PatchModel(nn.Module):
@@ -112,8 +113,11 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
              # analytic: 3 × the forward count (backward ≈ 2 × forward) × sequences processed
              "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9}
     rows = []
+    # the gate's reference: the task's trivial predictor on the same validation batches, with the same loss
+    trivial = validation_loss(ctx, trivial_predictor(data).to(ctx.device), data)
     for label, apply in (inference or {"": lambda m: None}).items():
         apply(model)
-        val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label}]
+        val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label},
+               {**_row("trivial_val_loss", trivial, VAL_UNIT[data.task]), "inference": label}]
         rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
     return rows
