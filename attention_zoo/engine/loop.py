@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..envinfo import set_seed
 from ..io import append_jsonl
 from .checkpoint import CheckpointManager, rng_state, set_rng_state, strip_prefixes
-from .config import TrainConfig
+from .config import NEUTRAL, TrainConfig
 from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
 
 IGNORE_INDEX = -100
@@ -226,8 +226,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             warnings.warn(f"resume: checkpoint has RNG states for {len(rngs)} ranks, running {info.world_size}",
                           RuntimeWarning, stacklevel=2)
         set_rng_state(rngs[info.rank % len(rngs)], info.device)
-        changed = {k: (v, state["config"].get(k)) for k, v in cfg.to_dict().items()
-                   if k not in ("stop_at", "progress", "handle_signals") and state["config"].get(k) != v}
+        then = {**NEUTRAL, **state["config"]}  # a checkpoint from before a field existed had its neutral value
+        changed = {k: (v, then.get(k)) for k, v in cfg.to_dict().items()
+                   if k not in ("stop_at", "progress", "handle_signals") and then.get(k) != v}
         if changed:
             warnings.warn(f"resume: config differs from the checkpoint's (now, then): {changed}", RuntimeWarning,
                           stacklevel=2)

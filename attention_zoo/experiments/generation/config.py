@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ...engine import TrainConfig
+from ...engine.config import NEUTRAL
 from ...io import atomic_write_bytes
 from ...metrics import images as mi
 from ...registry import resolved_options_json
@@ -102,7 +103,8 @@ class Context:
         """The ResultStore key: what was run and with which configuration (hashed), so reruns skip it."""
         data = load_data(dataset, self.data)
         model = {k: v for k, v in asdict(self.preset).items() if not k.endswith(("_train", "_datasets", "depths"))}
-        train = {k: v for k, v in self.train_config(data).to_dict().items() if k not in ("stop_at", "handle_signals")}
+        train = {k: v for k, v in self.train_config(data).to_dict().items()  # a later field at its neutral value
+                 if k not in ("stop_at", "handle_signals") and not (k in NEUTRAL and v == NEUTRAL[k])}  # keeps keys
         conf = {"model": model, "train": train, "data": asdict(self.data)}  # run control is not part of a cell
         return {"experiment": self.name, "preset": self.preset_name, "dataset": dataset, "task": data.task,
                 "variant": variant, "flavor": flavor, "setting": setting, "seed": seed,
