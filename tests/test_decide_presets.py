@@ -86,3 +86,48 @@ def test_table6_tiny_decide_tunes_on_validation_then_runs_the_seeds_at_the_choic
     md = (tmp_path / "table6_vit.md").read_text()
     assert "## Tuning" in md and "## Calibration: top1 vs the trivial predictor" in md
     assert "## Secondary: every arm at the shared setting" in md and "n = 2 seeds per arm (seeds 0, 1)" in md
+
+
+def test_generation_decide_presets_declare_their_grid_arms_and_held_out_scoring():
+    from attention_zoo.experiments.generation import decide
+    from attention_zoo.experiments.generation import table1_generation as t1
+    from attention_zoo.experiments.generation import table3_depth_blocks as t3
+    from attention_zoo.experiments.generation import table4_ablation as t4
+    from attention_zoo.experiments.generation.config import PRESETS
+    from attention_zoo.experiments.generation.data import DataOptions, load_data
+
+    tuning = decide.TUNING
+    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert tuning.seeds == tuple(range(10)) and 0.0 in tuning.weight_decays  # the authors' weight decay
+    assert t1.DECIDE_ARMS.split(",") == ["mha", "tha", "dcmha", "colmha", "mma", "moa", "damcha", "mha_ctx",
+                                         "damcha_bm"]
+    p = PRESETS["decide"]
+    for train in (p.image_train, p.text_train):
+        assert train["patience"] and train["eval_every"] and train["max_steps"] >= 600
+    for mod in (t1, t3, t4):
+        assert mod.build_parser().parse_args(["--preset", "decide"]).seeds == list(range(10))
+    whole, held = (load_data("concepts", DataOptions(scored_holdout=h)) for h in (False, True))
+    assert len(held.val_set) == len(whole.val_set) // 2  # selection reads the first half only
+    assert held.eval_pairs[0] != whole.eval_pairs[0]  # the scored items come from the second half
+
+
+def test_table1_tiny_decide_runs_the_grid_then_the_choice(tmp_path, monkeypatch):
+    from attention_zoo.experiments.generation import decide
+    from attention_zoo.experiments.generation import table1_generation as t1
+
+    monkeypatch.setattr(decide, "TUNING", Tuning(lrs=(1e-3, 4e-3), weight_decays=(0.0,), tune_seeds=(1000,),
+                                                 seeds=(0, 1)))
+    argv = ["--preset", "decide", "--variants", "mha", "--datasets", "digits", "--seeds", "0", "1", "--steps", "2",
+            "--eval-samples", "8", "--fid-extractor", "tiny-random", "--image-size", "16", "--jobs", "1", "--quiet",
+            "--out", str(tmp_path)]
+    assert _main(t1.main, argv) == 0
+    cells = _cells(tmp_path / "table1_generation.jsonl")
+    tune = [c for c in cells if c["cell"]["phase"] == "tune"]
+    final = [c for c in cells if c["cell"]["phase"] == "tuned"]
+    assert len(tune) == 2 and len(final) == 2
+    assert all({r["metric"] for r in c["rows"]} == {"val_loss"} for c in tune)  # nothing scored on held-out items
+    val = {c["cell"]["lr"]: c["rows"][0]["value"] for c in tune}
+    assert {c["cell"]["lr"] for c in final} == {min(val, key=val.get)}
+    assert all({"mse", "trivial_val_loss"} <= {r["metric"] for r in c["rows"]} for c in final)
+    md = (tmp_path / "table1_generation.md").read_text()
+    assert "## Tuning" in md and "## Calibration: val_loss vs the trivial predictor" in md

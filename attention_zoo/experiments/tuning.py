@@ -191,22 +191,24 @@ def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], st
     return lines
 
 
-def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what: str) -> list[str]:
+def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what: str,
+                      by: tuple[str, ...] = ("variant", "flavor")) -> list[str]:
     """The calibration rows of a decide report: each arm's mean ``metric`` beside its task's trivial predictor
     (``trivial``, stored beside it: unigram, majority class, training mean) and the margin between them, so a
     reader sees that the stand-in learned (the gate of ``claims.gate`` decides it per cell)."""
     ok = df[df["status"] == "ok"] if "status" in df else df
-    got = ok[ok["metric"] == metric].groupby(["variant", "flavor"])["value"].mean()
-    ref = ok[ok["metric"] == trivial].groupby(["variant", "flavor"])["value"].mean()
+    got = ok[ok["metric"] == metric].groupby(list(by))["value"].mean()
+    ref = ok[ok["metric"] == trivial].groupby(list(by))["value"].mean()
     if got.empty or ref.empty:
         return []
     lines = [f"## Calibration: {metric} vs the trivial predictor ({what}; means over seeds)", "",
              f"| arm | {metric} | {trivial} | margin |", "|---|---|---|---|"]
-    for (variant, flavor), v in got.items():
-        t = ref.get((variant, flavor), math.nan)
+    for key, v in got.items():
+        t = ref.get(key, math.nan)
         margin = (t - v if lower_is_better else v - t)
         rel = f" ({100 * margin / t:+.1f} % of it)" if lower_is_better and t else ""
-        lines.append(f"| {variant}/{flavor} | {v:.4f} | {t:.4f} | {margin:+.4f}{rel} |")
+        lines.append(f"| {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} | {v:.4f} | {t:.4f} | "
+                     f"{margin:+.4f}{rel} |")
     return lines
 
 
