@@ -5,11 +5,11 @@ Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (ever
 control arms, three seeds in Tables 1, 5 and 6, five in Tables 3, 4, App. F–H and the synthetic sweeps at 200 steps,
 λ ∈ {0, 0.2, …, 1} and d_e ∈ {4, 8, …, 20}), plus the quick and the training-throughput benchmarks; ``decide`` runs
 the decide presets (every arm tuned on one grid, then ten seeds at its best, trained to a validation plateau) of
-Table 5, Table 6 and the synthetic sweeps, in that order, into ``<results>/<name>`` (``DECIDE``); ``paper`` runs
-each script's paper preset with its defaults (see docs/paper_scale.md); ``tiny`` is the smoke pipeline shrunk to
-seconds per script (two variants, a few steps, random FID features) for the test suite — its numbers mean nothing.
-The command, commit, machine and each script's wall and CPU time go to ``<results>/run_all.json``, which the index
-reads; commands are recorded relative to the repository root.
+Table 5, Table 6, the synthetic sweeps and Tables 1, 3, 4, in that order, into ``<results>/<name>`` (``DECIDE``);
+``paper`` runs each script's paper preset with its defaults (see docs/paper_scale.md); ``tiny`` is the smoke
+pipeline shrunk to seconds per script (two variants, a few steps, random FID features) for the test suite — its
+numbers mean nothing. The command, commit, machine and each script's wall and CPU time go to
+``<results>/run_all.json``, which the index reads; commands are recorded relative to the repository root.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ REPRODUCE = ROOT / "reproduce"
 # "benchmark" is attention_zoo.measure.quick, "train_speed" the training-throughput mode of attention_zoo.bench.
 SCRIPTS = (*EXPERIMENTS, "benchmark", "train_speed")
 # The decide presets (run name -> script), in the order the compute goes: the headline Tables 5 and 6 first.
-DECIDE = {"table5_decide": "table5_gpt2", "table6_decide": "table6_vit", "synthetic_decide": "synthetic"}
+DECIDE = {"table5_decide": "table5_gpt2", "table6_decide": "table6_vit", "synthetic_decide": "synthetic",
+          "table1_decide": "table1_generation", "table3_decide": "table3_depth_blocks",
+          "table4_decide": "table4_ablation"}
 PRESETS = ("smoke", "decide", "paper", "tiny")
 
 _ALL_ROWS = ["--variants", "*,controls", "--flavour", "both"]  # every variant (both flavours) and the controls
@@ -62,7 +64,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
                         "classification:20"],
     },
-    "decide": {name: [] for name in DECIDE},
+    "decide": {**{name: [] for name in DECIDE}, "table1_decide": ["--steps", "600"]},  # its budget (the script)
     "paper": {
         "table2_efficiency": ["--flavour", "both"],
         "table1_generation": ["--flavour", "damcha_repo"],  # the baselines as the paper ran them
