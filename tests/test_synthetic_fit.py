@@ -119,16 +119,24 @@ def test_an_interrupted_group_resumes_with_the_same_results(tmp_path, ensemble):
 
 def test_decide_preset_grid_and_arms():
     args = exp.build_parser().parse_args(["--preset", "decide"])
-    cells = exp.build_cells(args, exp.PRESETS["decide"], "decide")
+    tuning = exp.TUNING["decide"]
+    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert tuning.seeds == tuple(range(10)) and not set(tuning.tune_seeds) & set(tuning.seeds)
+    cells = exp.build_cells(args, exp.PRESETS["decide"], "decide", tuning, [])  # nothing tuned yet
     arms = {c["variant"] for c in cells}
     assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm"}
-    assert {c["lam"] for c in cells if c["task"] == "regression"} == {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}
-    assert {c["d_e"] for c in cells if c["task"] == "classification"} == {4, 8, 12, 16, 20}
-    assert {c["seed"] for c in cells} == set(range(10)) and len(cells) == 11 * 6 * 10
+    final = [c for c in cells if c["phase"] == "tuned"]
+    assert {c["lam"] for c in final if c["task"] == "regression"} == {0.0, 0.2, 0.6, 1.0}
+    assert {c["d_e"] for c in final if c["task"] == "classification"} == {4, 8, 12, 16, 20}
+    assert {c["seed"] for c in final} == set(range(10)) and len(final) == 9 * 6 * 10
+    assert all(c["lr"] is None for c in final)  # waiting for their arm's tuning
+    tune = [c for c in cells if c["phase"] == "tune"]
+    assert {(c["task"], c["lam"], c["d_e"]) for c in tune} == {("regression", 1.0, 8), ("classification", None, 12)}
+    assert len(tune) == 2 * 6 * 6 * 2 and {"phase", "lr", "weight_decay"} <= set(tune[0])
     fit = exp.PRESETS["decide"].fit
     assert fit.patience and fit.eval_every and len(fit.budget_fracs) >= 4
-    groups = exp.groups_of(cells)
-    assert len(groups) == 66 and all(len(g) == 10 for g in groups)
+    groups = exp.groups_of(tune)  # the grid rides the ensemble axis: one group per (task, arm)
+    assert len(groups) == 12 and all(len(g) == 12 for g in groups)
 
 
 def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
@@ -140,7 +148,10 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    assert "I.lambda1" in out and "[decide]" in out
+    assert "I.lambda1" in out and "[decide]" in out and "## Tuning" in out
+    store = pd.read_json(tmp_path / "synthetic.jsonl", lines=True)
+    cells = pd.DataFrame(list(store.loc[store["kind"] == "cell", "cell"]))
+    assert set(cells["phase"]) == {"tune", "tuned"} and set(cells.loc[cells["phase"] == "tuned", "seed"]) == {0, 1}
     long = pd.read_csv(tmp_path / "synthetic_long.csv")
     for metric in ("test_r2", "trivial_mse", "oracle_mse", "test_acc_norm", "chance_acc", "test_mse@budget",
                    "val_loss@step", "train_flops", "train_cpu_s"):
@@ -148,6 +159,7 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
     assert set(long.loc[long["metric"] == "test_mse@budget", "budget"]) == {0.125, 0.25, 0.5, 1.0}
     md = (tmp_path / "synthetic.md").read_text()
     assert "## Verdicts on the paper's claims" in md and "### Calibration" in md and "range of 2 seeds" in md
+    assert "## Tuning" in md and "on the edge" in md
     for fig in ("figure12_r2.png", "figure12_gain.png", "figure13_accuracy.png", "figure13_gain.png",
                 "synthetic_budget_gain_regression.png"):
         assert (tmp_path / fig).stat().st_size > 0, fig

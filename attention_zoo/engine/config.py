@@ -13,10 +13,16 @@ AMP_MODES = ("auto", "off", "bf16")
 RUN_CONTROL = ("stop_at", "handle_signals", "progress", "ckpt_every", "keep_last", "log_every")
 
 
+# Fields added after stores were written, with the value that reproduces the runs before them: left out of a cell's
+# identity at that value, so those stores keep their keys.
+NEUTRAL = {"patience": 0}
+
+
 def result_identity(train: dict) -> dict:
     """The training settings that can change a result: ``train`` (a TrainConfig dict or overrides) without the
-    run-control fields."""
-    return {k: v for k, v in train.items() if k not in RUN_CONTROL}
+    run-control fields (and without a later field at its neutral value)."""
+    return {k: v for k, v in train.items()
+            if k not in RUN_CONTROL and not (k in NEUTRAL and v == NEUTRAL[k])}
 
 
 @dataclass
@@ -43,6 +49,8 @@ class TrainConfig:
     amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
     log_every: int = 10  # JSONL train rows every N steps (NaN/inf is checked every step regardless)
     eval_every: int = 0  # 0: evaluate only at the end
+    # early stopping: stop once this many steps have passed since the best evaluation (0: never; needs eval_every)
+    patience: int = 0
     eval_max_batches: int | None = None  # cap for the periodic evaluations (None: whole eval sets)
     ckpt_every: int = 0  # 0: checkpoint only at the end, on a signal and on NaN
     keep_last: int = 2  # step checkpoints kept besides best.pt
@@ -54,7 +62,7 @@ class TrainConfig:
 
     def __post_init__(self):
         ints = {"max_steps": 1, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "log_every": 1,
-                "eval_every": 0, "ckpt_every": 0, "keep_last": 1, "seed": 0}
+                "eval_every": 0, "patience": 0, "ckpt_every": 0, "keep_last": 1, "seed": 0}
         for name, lo in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -74,6 +82,8 @@ class TrainConfig:
             raise ValueError("lr: expected a positive learning rate, got 0")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp: expected one of {AMP_MODES}, got {self.amp!r}")
+        if self.patience and not self.eval_every:
+            raise ValueError(f"patience: early stopping after {self.patience} steps needs eval_every > 0")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size: {self.batch_size} is not divisible by grad_accum={self.grad_accum}")
 

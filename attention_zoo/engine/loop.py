@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..envinfo import set_seed
 from ..io import append_jsonl
 from .checkpoint import CheckpointManager, rng_state, set_rng_state, strip_prefixes
-from .config import TrainConfig
+from .config import NEUTRAL, TrainConfig
 from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
 
 IGNORE_INDEX = -100
@@ -48,6 +48,7 @@ class TrainResult:
     log_path: Path
     signal: int | None = None  # the signal that stopped the run, if any
     sync_diff: float | None = None  # DDP: max parameter-checksum difference between ranks at the end
+    best_step: int | None = None  # the step of the best evaluation (best.pt)
 
     @property
     def tokens_per_s(self) -> float:
@@ -208,7 +209,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         if info.is_main:
             append_jsonl(log_path, row)
 
-    step, tokens_seen, train_time, best = 0, 0, 0.0, None
+    step, tokens_seen, train_time, best, best_step, stopped_early = 0, 0, 0.0, None, 0, False
     ckpt_path, state = ckpts.resolve(resume)  # on CPU; load_state_dict copies onto the parameters' device
     if state is not None:
         raw.load_state_dict(strip_prefixes(state["model"]))
@@ -216,6 +217,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         sched.load_state_dict(state["scheduler"])
         step, tokens_seen, train_time, best = (state["step"], state["tokens_seen"], state["train_time_s"],
                                                state["best_eval"])
+        best_step = state.get("best_step", step)  # checkpoints written before early stopping existed lack it
+        stopped_early = bool(state.get("early_stopped"))  # a run that early-stopped is finished: no more steps
         if hasattr(train_batches, "load_state_dict") and state["data"].get("sampler") is not None:
             train_batches.load_state_dict(state["data"]["sampler"])
         rngs = state["rng"]
@@ -223,8 +226,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             warnings.warn(f"resume: checkpoint has RNG states for {len(rngs)} ranks, running {info.world_size}",
                           RuntimeWarning, stacklevel=2)
         set_rng_state(rngs[info.rank % len(rngs)], info.device)
-        changed = {k: (v, state["config"].get(k)) for k, v in cfg.to_dict().items()
-                   if k not in ("stop_at", "progress", "handle_signals") and state["config"].get(k) != v}
+        then = {**NEUTRAL, **state["config"]}  # a checkpoint from before a field existed had its neutral value
+        changed = {k: (v, then.get(k)) for k, v in cfg.to_dict().items()
+                   if k not in ("stop_at", "progress", "handle_signals") and then.get(k) != v}
         if changed:
             warnings.warn(f"resume: config differs from the checkpoint's (now, then): {changed}", RuntimeWarning,
                           stacklevel=2)
@@ -238,16 +242,16 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 else None}
         return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "step": step, "tokens_seen": tokens_seen, "train_time_s": train_time, "best_eval": best,
-                "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {}, **extra}
+                "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {}, **extra}
 
     def run_evals() -> dict[str, float]:
-        nonlocal best
+        nonlocal best, best_step
         res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
         for name, v in res.items():
             log({"event": "eval", "step": step, "eval_set": name, "loss": v})
         mean = sum(res.values()) / len(res)
         if best is None or mean < best:
-            best = mean
+            best, best_step = mean, step
             state = snapshot()
             if info.is_main:
                 ckpts.save_best(state)
@@ -260,7 +264,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         bar = tqdm(total=cfg.max_steps, initial=step, desc=desc, disable=not (cfg.progress and info.is_main),
                    dynamic_ncols=True, leave=False)
         raw.train()
-        while step < cfg.max_steps:
+        while step < cfg.max_steps and not stopped_early:
             t0 = time.perf_counter()
             batch = train_batches(step)
             n = batch[-1].shape[0]
@@ -302,6 +306,13 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 bar.set_postfix(loss=f"{loss_v:.4f}")
             if eval_sets and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
                 evals = run_evals()
+            # early stopping (patience in steps since the best evaluation): a finished run, its best in best.pt
+            if cfg.patience and evals and step - best_step >= cfg.patience and step < cfg.max_steps:
+                log({"event": "early_stop", "step": step, "best_step": best_step, "best_eval": best})
+                stopped_early = True
+                state = snapshot(early_stopped=True)
+                last_saved = ckpts.save(state, step) if info.is_main else None
+                break
             stopping = sums[3] > 0 or (cfg.stop_at is not None and step >= cfg.stop_at)
             if stopping or (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.max_steps:
                 state = snapshot()
@@ -317,4 +328,5 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         log({"event": "ddp_sync", "step": step, "max_abs_diff": sync, "world_size": info.world_size})
     log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
          "train_time_s": train_time})
-    return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync)
+    return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync,
+                       best_step if best is not None else None)

@@ -5,9 +5,10 @@ measure as a whole (``show_whole``).
 
 A plan lists the cells to run and the finished ones a run would skip (read from the store), the data they need and
 an estimate of the cost: per pending cell, the median training time of finished cells of the same kind (the same
-cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the
-steps, else the analytic step floor of docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the
-synthetic models) times the cell's steps. A paper preset about to train on a CPU gets a warning."""
+cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the steps
+(as measured where the cells record no steps: the synthetic sweeps), else the analytic step floor of
+docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
+paper preset about to train on a CPU gets a warning."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
     for c in cells:
         same, n_steps = by_kind.get(_kind(c)), _steps(c, steps)
         scaled = [s * n_steps / n for s, n in by_variant.get(c.get("variant"), []) if n_steps and n]
+        if not n_steps:  # cells that record no steps (the synthetic sweeps: the preset's): its variant as measured
+            scaled = [s for s, n in by_variant.get(c.get("variant"), []) if not n]
         if same:
             total += statistics.median(same)
             sources["same kind"] += 1
@@ -92,7 +95,8 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
 
 
 def _cell_line(cell: dict) -> str:
-    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "seed")
+    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "phase", "lr", "weight_decay",
+            "seed")
     return " ".join(f"{k}={cell[k]}" for k in keys if k in cell)
 
 

@@ -4,12 +4,12 @@
 Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (every variant in both flavours and the
 control arms, three seeds in Tables 1, 5 and 6, five in Tables 3, 4, App. F–H and the synthetic sweeps at 200 steps,
 λ ∈ {0, 0.2, …, 1} and d_e ∈ {4, 8, …, 20}), plus the quick and the training-throughput benchmarks; ``decide`` runs
-the synthetic sweeps' decide preset (MHA, DAMCHA and the controls, ten seeds, trained to a validation plateau) into
-``<results>/synthetic_decide``; ``paper`` runs each script's paper preset with its defaults (see
-docs/paper_scale.md); ``tiny`` is the smoke pipeline shrunk to seconds per script (two variants, a few steps,
-random FID features) for the test suite — its numbers mean nothing. The command, commit, machine and each script's
-wall and CPU time go to ``<results>/run_all.json``, which the index reads; commands are recorded relative to the
-repository root.
+the decide presets (every arm tuned on one grid, then ten seeds at its best, trained to a validation plateau) of
+Table 5, Table 6, the synthetic sweeps and Tables 1, 3, 4, in that order, into ``<results>/<name>`` (``DECIDE``);
+``paper`` runs each script's paper preset with its defaults (see docs/paper_scale.md); ``tiny`` is the smoke
+pipeline shrunk to seconds per script (two variants, a few steps, random FID features) for the test suite — its
+numbers mean nothing. The command, commit, machine and each script's wall and CPU time go to
+``<results>/run_all.json``, which the index reads; commands are recorded relative to the repository root.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ REPRODUCE = ROOT / "reproduce"
 # The experiments in the protocol's order (Appendix E reads Table 1's per-sample scores), then the benchmarks:
 # "benchmark" is attention_zoo.measure.quick, "train_speed" the training-throughput mode of attention_zoo.bench.
 SCRIPTS = (*EXPERIMENTS, "benchmark", "train_speed")
-DECIDE = ("synthetic_decide",)  # the decide preset: the synthetic sweeps trained to a plateau
+# The decide presets (run name -> script), in the order the compute goes: the headline Tables 5 and 6 first.
+DECIDE = {"table5_decide": "table5_gpt2", "table6_decide": "table6_vit", "synthetic_decide": "synthetic",
+          "table1_decide": "table1_generation", "table3_decide": "table3_depth_blocks",
+          "table4_decide": "table4_ablation"}
 PRESETS = ("smoke", "decide", "paper", "tiny")
 
 _ALL_ROWS = ["--variants", "*,controls", "--flavour", "both"]  # every variant (both flavours) and the controls
@@ -61,7 +64,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
                         "classification:20"],
     },
-    "decide": {"synthetic_decide": []},
+    "decide": {**{name: [] for name in DECIDE}, "table1_decide": ["--steps", "600"]},  # its budget (the script)
     "paper": {
         "table2_efficiency": ["--flavour", "both"],
         "table1_generation": ["--flavour", "damcha_repo"],  # the baselines as the paper ran them
@@ -93,7 +96,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
 
 
 def scripts_of(preset: str) -> tuple[str, ...]:
-    return DECIDE if preset == "decide" else SCRIPTS
+    return tuple(DECIDE) if preset == "decide" else SCRIPTS
 
 
 def shown_command(cmd: list[str]) -> str:
@@ -144,11 +147,12 @@ def script_command(name: str, preset: str, device: str, results: Path, threads: 
     launcher options, passed to the experiment scripts (the benchmarks run here); ``data``: all.py's --data-dir
     and download switch; ``dry_run``: the experiment scripts only print their plans."""
     extra = SCRIPT_ARGS[preset].get(name, []) + ([] if threads is None else ["--threads", str(threads)])
-    extra += (launch or []) if name in EXPERIMENTS or name == "synthetic_decide" else []
-    extra += data_arguments("synthetic" if name == "synthetic_decide" else name, *data)
-    extra += ["--dry-run"] if dry_run and (name in EXPERIMENTS or name == "synthetic_decide") else []
-    if name == "synthetic_decide":
-        return [sys.executable, str(REPRODUCE / "synthetic.py"), "--preset", "decide", "--device", device, "--out",
+    script = DECIDE.get(name, name)
+    extra += (launch or []) if script in EXPERIMENTS else []
+    extra += data_arguments(script, *data)
+    extra += ["--dry-run"] if dry_run and script in EXPERIMENTS else []
+    if name in DECIDE:
+        return [sys.executable, str(REPRODUCE / f"{script}.py"), "--preset", "decide", "--device", device, "--out",
                 str(results / name), "--quiet", *extra]
     if name == "train_speed":
         out = results / "benchmark"

@@ -4,7 +4,7 @@ patch, pixel or text task, with their samplers and evaluation batches (``trainin
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -30,6 +30,19 @@ class DataOptions:
     max_train_pairs: int | None = None
     image_eval: int | None = 100
     text_eval: int | None = 64
+    # decide: the validation split's first half selects (val_loss, early stopping, tuning), its second half is
+    # scored (a test split of its own); False: both read the whole split, as the authors' protocol does
+    scored_holdout: bool = False
+
+
+def data_identity(o: DataOptions) -> dict:
+    """The options that name a cell's data: ``scored_holdout`` only where set, so earlier cells keep their keys."""
+    return {k: v for k, v in asdict(o).items() if k != "scored_holdout" or v}
+
+
+def _halves(items, holdout: bool):
+    """(selection part, scored part) of a validation split (see ``DataOptions.scored_holdout``)."""
+    return (items[: len(items) // 2], items[len(items) // 2:]) if holdout else (items, items)
 
 
 class ImageData:
@@ -40,9 +53,9 @@ class ImageData:
     def __init__(self, name: str, o: DataOptions):
         full = di.load_images(name, "train", o.data_dir, o.download, o.image_size)
         tr, va = (torch.from_numpy(i) for i in di.train_val_split(len(full), 0.3, seed=0))
-        train_imgs, val = full.images[tr], full.images[va]
+        train_imgs, (val, scored) = full.images[tr], _halves(full.images[va], o.scored_holdout)
         self.name, self.task, self.n_train = name, o.image_task, len(train_imgs)
-        self.eval_images = val[: o.image_eval]
+        self.eval_images = scored[: o.image_eval]
         if self.task == "patch":
             self.train_set, self.val_set, self.eval_set = (dt.PatchTask(x, 4, 1, min(3, x.shape[2] // 4))
                                                            for x in (train_imgs, val, self.eval_images))
@@ -80,9 +93,10 @@ class TextData:
         scale = BYTES_PER_TOKEN if isinstance(self.tok, s2s.ByteTokenizer) and name != "concepts" else 1
         src_len, self.max_new_tokens = (n * scale for n in TEXT_LENGTHS[name])
         self.name, self.vocab_size, self.seq_len = name, self.tok.vocab_size, src_len + self.max_new_tokens + 3
-        self.train_set, self.val_set = (s2s.encode_pairs(data.splits[s], self.tok, src_len, self.max_new_tokens)
-                                        for s in ("train", "val"))
-        self.eval_set, self.eval_pairs, self.n_train = (self.val_set[: o.text_eval], data.splits["val"][: o.text_eval],
+        val, scored = _halves(data.splits["val"], o.scored_holdout)
+        self.train_set, self.val_set, scored_set = (s2s.encode_pairs(s, self.tok, src_len, self.max_new_tokens)
+                                                    for s in (data.splits["train"], val, scored))
+        self.eval_set, self.eval_pairs, self.n_train = (scored_set[: o.text_eval], scored[: o.text_eval],
                                                         len(self.train_set))
 
     def sampler(self, batch: int, seed: int):

@@ -81,6 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading")
     p.add_argument("--train", nargs="*", default=[], metavar="KEY=VALUE", help="TrainConfig overrides")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep finished cells' checkpoints")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
     return add_launcher_arguments(p)
 
 
@@ -89,7 +91,8 @@ def make_context(args, name: str) -> Context:
         _register_tiny_extractor()
     preset, n = PRESETS[args.preset], args.eval_samples
     data = DataOptions(args.image_task, args.pixel_mode, args.image_size, args.tokenizer, args.data_dir,
-                       args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval)
+                       args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval,
+                       scored_holdout=args.preset == "decide")
     train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
     return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
                    args.quiet, args.keep_checkpoints, args.bart_path, args.fresh)
@@ -136,10 +139,12 @@ def unit_work(unit: list[dict], module: str, args) -> list[list[dict]] | None:
     return out
 
 
-def cell_plan(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], finish) -> Plan:
+def cell_plan(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], finish, workers: int = 1
+              ) -> Plan:
     """The protocol's plan of a generation table: one unit per cell, computed by ``module.cell_rows``."""
+    keys = ("dataset", "variant", "flavor", "setting", "phase", "seed")
     return Plan(store, [[c] for c in cells], functools.partial(unit_work, module=module, args=args), finish,
-                describe=lambda u: "/".join(str(u[0][k]) for k in ("dataset", "variant", "flavor", "setting", "seed")))
+                workers=workers, describe=lambda u: "/".join(str(u[0][k]) for k in keys if k in u[0]))
 
 
 def run_cells(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], clock: Clock, write_report,
@@ -160,7 +165,8 @@ def run_cells(args, module: str, ctx: Context, store: ResultStore, cells: list[d
 def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
     """The generation tables' store: cells keyed by every option that can change them and the environment."""
     return open_store(args, ctx.name, ctx.device, environment(ctx, clock),
-                      selection=("datasets", "settings", "depths", "keep_checkpoints", "download", "data_dir", "train"),
+                      selection=("datasets", "settings", "depths", "keep_checkpoints", "download", "data_dir", "train",
+                                 "jobs"),
                       train_overrides=result_identity(ctx.train_overrides))
 
 

@@ -14,6 +14,9 @@ diagonal-only, 98.703, is worse than the weakest full; off-diagonal-only is wors
 the generated metric only, as in the DAMCHA authors' code; a static M0 (``use_mlp=False``) takes none.
 
 Smoke: digits (patch task), depths {1, 2, 3} (``--depths``), five seeds, 64 scored images per inference row.
+Decide (``generation.decide``): the same depths to a validation plateau, each depth tuned as an arm of its own, ten
+seeds at its best. Sized from the smoke store (≈ 45 ms per step of DAMCHA on digits): 3 depths × 22 runs × 1,000
+steps ≈ 3,000 CPU-s + scoring (4 inference rows × 30 final cells) ≈ 1,300 ≈ 1.2 core-hours ≈ 0.6 h on 2 cores.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ...variants.damcha import set_block_scales
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
 from .data import IMAGE_SETS
+from .decide import arm_of, run_decide
 from .training import train_and_score
 
 NAME = "table3_depth_blocks"
@@ -55,7 +59,8 @@ def check_variant(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0, 1, 2, 3, 4]))
+    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], presets=("smoke", "decide", "paper"),
+                                     default_seeds={"decide": list(range(10)), "*": [0, 1, 2, 3, 4]}))
     p.set_defaults(variants="damcha", flavour="paper")
     p.add_argument("--depths", action=ListAction, join=True, default=None,
                    help="generator depths (default: 1..9 paper, 1,2,3 smoke)")
@@ -183,6 +188,10 @@ def run(args) -> int:
     if any(d < 1 for d in depths):
         raise ValueError(f"depths: expected positive generator depths, got {depths}")
     datasets = gc.datasets_of(ctx, args.datasets, ctx.preset.image_datasets[:1], IMAGE_SETS)
+    if args.preset == "decide":
+        arms = [arm_of(ctx.cell(ds, v, f, f"depth{k}", 0)) for ds in datasets
+                for v, f in variant_flavours(variants, args.flavour) for k in depths]
+        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
 

@@ -17,6 +17,10 @@ the row's preset. Rows are scored by their held-out validation loss (``val_loss`
 task), seed-paired against DAMCHA; FID@Top-50 and BERTScore stay as secondary columns.
 
 Smoke: digits (patch task) + the embedded concept task; BARTScore needs a local facebook/bart-base (else NaN).
+Decide (``generation.decide``): the same tasks to a validation plateau, each row tuned as an arm of its own, ten
+seeds at its best. Sized from the smoke store (per step, digits + concepts: full 61 + 79, no_sharing 98 + 117,
+no_fx 35 + 49, no_both 36 + 50 ms): 22 runs × 1,000 steps ≈ 11,500 CPU-s + scoring ≈ 1,200 ≈ 3.5 core-hours ≈
+1.8 h on 2 cores with no early stop (the ceiling).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ...claims import frame_verdicts, verdict_markdown
 from ...registry import get_attention_spec
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
+from .decide import arm_of, run_decide
 from .training import train_and_score
 
 NAME = "table4_ablation"
@@ -52,7 +57,8 @@ def check_variant(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], default_seeds=[0, 1, 2, 3, 4]))
+    p = gc.add_arguments(base_parser(NAME, __doc__.split("\n")[0], presets=("smoke", "decide", "paper"),
+                                     default_seeds={"decide": list(range(10)), "*": [0, 1, 2, 3, 4]}))
     p.set_defaults(variants="damcha", flavour="paper")
     p.add_argument("--settings", action=ListAction, join=True, default=",".join(SETTINGS),
                    help=f"subset of {', '.join(SETTINGS)}")
@@ -144,6 +150,10 @@ def run(args) -> int:
         raise ValueError(f"settings: expected a subset of {', '.join(SETTINGS)}, got {args.settings!r}")
     p = ctx.preset
     datasets = gc.datasets_of(ctx, args.datasets, (p.image_datasets[0], p.text_datasets[-1]))
+    if args.preset == "decide":
+        arms = [arm_of(ctx.cell(ds, v, f, s, 0)) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
+                for s in SETTINGS if s in settings]
+        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
 

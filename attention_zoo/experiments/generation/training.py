@@ -38,6 +38,7 @@ from ...registry import split_options
 from .config import PRESETS, Context, Preset, cell_name  # noqa: F401 - PRESETS re-exported
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions, load_data  # noqa: F401 - re-exported
 from .scoring import VAL_UNIT, _row, score_cell, validation_loss
+from .trivial import trivial_predictor
 
 
 class PatchModel(nn.Module):
@@ -82,6 +83,8 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     set_seed(cell["seed"])
     model = build_model(data, cell["variant"], cell["flavor"], ctx.preset, options, share_mlp)
     cfg = ctx.train_config(data).replace(seed=cell["seed"], progress=not ctx.quiet)
+    if "phase" in cell:  # a tuned preset: the cell names its setting
+        cfg = cfg.replace(lr=cell["lr"], weight_decay=cell["weight_decay"])
     run_dir = ctx.run_dir(cell)
     if ctx.fresh:
         discard_run(run_dir)
@@ -111,9 +114,15 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
              "params": counts["total_params"], "attention_params": counts["attention_params"],
              # analytic: 3 × the forward count (backward ≈ 2 × forward) × sequences processed
              "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9}
+    if cell.get("phase") == "tune":  # tuning reads the selection half of the validation split only
+        return [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), **extra,
+                 "best_step": res.best_step}]
     rows = []
+    # the gate's reference: the task's trivial predictor on the same validation batches, with the same loss
+    trivial = validation_loss(ctx, trivial_predictor(data).to(ctx.device), data)
     for label, apply in (inference or {"": lambda m: None}).items():
         apply(model)
-        val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label}]
+        val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label},
+               {**_row("trivial_val_loss", trivial, VAL_UNIT[data.task]), "inference": label}]
         rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
     return rows

@@ -21,6 +21,17 @@ Presets:
   spread, deterministic subset of the validation/test windows (``--eval-batches 0`` for the whole splits). One
   CPU thread unless ``--threads`` says otherwise: at this size OpenMP overhead outweighs a second core, and with
   other work on the machine two threads ran several times slower than one.
+- ``decide``: the smoke model on Shakespeare trained to a validation plateau (early stopping, patience in steps,
+  test scored at the best validation checkpoint), every arm tuned on one grid (``TUNING``; ``experiments.tuning``)
+  then ten seeds at its own best. Arms: MHA, DCMHA and DAMCHA (the claims T5.*), ``mha_pm``, ``mha_ctx``,
+  ``damcha_bm``. Runs through the protocol's plan, one cell per process (``--jobs``, default one per core).
+  Grid: lr {1e-3, 2e-3, 4e-3} × weight decay {0.01, 0.1} (the smoke setting 2e-3 / 0.1 is a grid point), scored
+  by the best-checkpoint validation loss of seeds 1000 and 1001; final seeds 0–9. Sized from one-thread step
+  times of this model (batch 16 × 64 characters, a loaded 2-core host): MHA 13, DCMHA 24, DAMCHA 40, ``mha_pm`` 41,
+  ``mha_ctx`` 29, ``damcha_bm`` 43 ms; 22 runs per arm (12 tuning, 10 final) × 3,000 steps ≈ 12,500 CPU-s + ≈ 10 %
+  evaluation ≈ 3.8 core-hours ≈ 1.9 h on 2 cores with no early stop (the ceiling). No "shared" phase (another 60
+  runs: 2.8 h); ``damcha_static`` is left out (Table 5 makes no f(x) claim). The stand-in learns: at 200 steps MHA's
+  test loss is already 2.67 nats against the unigram's 3.29 (−19 %), where the gate asks for 1 %.
 
 Options in a preset's ``attention_options`` go to every variant that accepts them (by option name, never by
 variant name); each row records the options its variant received.
@@ -33,7 +44,7 @@ import json
 import math
 import resource
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -47,11 +58,13 @@ from ...engine import (
     batch_weight,
     discard_run,
     evaluate,
+    load_checkpoint,
     parse_overrides,
     prune_checkpoints,
     result_identity,
     train,
 )
+from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
 from ...envinfo import environment_record, resolve_device, set_seed
 from ...measure.params import count_params
@@ -71,7 +84,8 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
-from ..protocol import Plan, add_launcher_arguments, execute
+from ..protocol import Plan, add_launcher_arguments, default_workers, execute
+from ..tuning import Tuning, execute_stages, tuned_cells
 from .table5_report import NAME, PAPER_DATASETS, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -99,6 +113,12 @@ PRESETS = {
                                grad_clip=1.0, log_every=10, eval_every=100, eval_max_batches=2, ckpt_every=100),
                     attention_options={"hidden_dims": (128, 128), "compact_rank": 4}, eval_batch_size=64,
                     final_eval_batches=8, threads=1),
+    "decide": Preset(("shakespeare",), n_layers=2, d_model=64, n_heads=4, context=64, dropout=0.0,
+                     train=dict(max_steps=3000, batch_size=16, lr=2e-3, warmup_steps=100, weight_decay=0.1,
+                                grad_clip=1.0, log_every=50, eval_every=100, eval_max_batches=8, patience=500,
+                                ckpt_every=500),
+                     attention_options={"hidden_dims": (128, 128), "compact_rank": 4}, eval_batch_size=64,
+                     final_eval_batches=None, threads=1),
     "paper": Preset(PAPER_DATASETS, n_layers=12, d_model=768, n_heads=12, context=512, dropout=0.1,
                     train=dict(max_steps=100_000, batch_size=32, lr=2.5e-4, warmup_steps=2000, weight_decay=0.1,
                                grad_clip=0.25, log_every=50, eval_every=2000, eval_max_batches=50, ckpt_every=1000),
@@ -106,8 +126,16 @@ PRESETS = {
 }
 
 
+# The decide preset's arms and grid (lr × weight decay around the smoke setting 2e-3 / 0.1), sized in its docstring.
+DECIDE_ARMS = "mha,dcmha,damcha,mha_pm,mha_ctx,damcha_bm"
+TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.01, 0.1), tune_seeds=(1000, 1001),
+                           seeds=tuple(range(10)), shared=None)}
+
+
 def build_parser():
-    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS})
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "decide": list(range(10)),
+                                                                  "*": FIVE_SEEDS},
+                    presets=("smoke", "decide", "paper"))
     p.set_defaults(variants=None)
     p.add_argument("--datasets", action=ListAction, join=True, default=None,
                    help=f"subset of {', '.join(DATASETS)} (default: the preset's datasets)")
@@ -124,16 +152,18 @@ def build_parser():
                    help="TrainConfig overrides, e.g. --train lr=1e-3 grad_accum=2 amp=off")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
-    p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines "
-                "as the paper ran them (reproduce/all.py --preset paper does). The smoke preset uses 1 CPU thread "
-                "unless --threads is given. "
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    p.epilog = (f"Defaults: variants mha,dcmha,damcha (decide: {DECIDE_ARMS}; those registered); --flavour "
+                "damcha_repo runs the baselines as the paper ran them (reproduce/all.py --preset paper does). The "
+                "smoke preset uses 1 CPU thread "                "unless --threads is given. "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table5_gpt2.py")
     return add_launcher_arguments(p)
 
 
-def _variants(spec: str | None) -> list[str]:
+def _variants(spec: str | None, preset: str = "smoke") -> list[str]:
     if spec is None:
-        return [v for v in DEFAULT_VARIANTS if is_attention(v)]
+        return [v for v in (DECIDE_ARMS.split(",") if preset in TUNING else DEFAULT_VARIANTS) if is_attention(v)]
     return select_variants(spec)
 
 
@@ -176,6 +206,8 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
     checkpoints discarded) and evaluate it; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
     opts, _ = split_options(variant, {**preset.attention_options, "flavor": flavor})
+    if "phase" in cell:  # a tuned preset: the cell names its setting
+        cfg = cfg.replace(lr=cell["lr"], weight_decay=cell["weight_decay"])
     set_seed(seed)
     model = Decoder(corpus.vocab_size, preset.d_model, preset.n_layers, preset.n_heads, attention=variant,
                     attention_options=opts, max_seq_len=preset.context, dropout=preset.dropout)
@@ -206,9 +238,16 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
         rows.append({"metric": "baseline_rss_mib", "value": base_rss, "unit": "MiB"})
     if res.status == "nan":
         common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
-        rows.append({"metric": "test_loss", "value": float("nan"), "unit": "nats", "eval_set": cell["dataset"]})
+        metric = "val_loss" if cell.get("phase") == "tune" else "test_loss"
+        rows.append({"metric": metric, "value": float("nan"), "unit": "nats", "eval_set": cell["dataset"]})
         return [{**common, **r} for r in rows], res
+    if cfg.patience:  # early stopping: every score is the best validation checkpoint's
+        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
+        rows += [{"metric": "best_step", "value": res.best_step, "unit": "steps"},
+                 {"metric": "steps_run", "value": res.step, "unit": "steps"}]
     for split, sets in evaluators.items():
+        if split == "test" and cell.get("phase") == "tune":  # tuning reads validation only
+            continue
         losses = {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp) for name, ev in sets.items()}
         if len(losses) > 1:  # mix: the 50/50 mixture's figure is the mean of its parts
             losses[cell["dataset"]] = sum(losses.values()) / len(losses)
@@ -229,6 +268,8 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
+    if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best
+        return execute_stages(lambda: staged_plan(args), args, NAME)
     if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
         return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
@@ -241,20 +282,31 @@ def _setup(args, info: DistInfo):
     for d in datasets:
         if d not in DATASETS:
             raise ValueError(f"datasets: {d!r} is not one of {', '.join(DATASETS)}")
-    overrides = {**preset.train, **parse_overrides(args.train), "progress": not args.quiet}
+    overrides = {**preset.train, **parse_overrides(args.train), "progress": not args.quiet and args.preset not in
+                 TUNING}  # the decide preset's processes share one terminal: the plan's bar counts cells
     if args.max_steps is not None:
         overrides["max_steps"] = args.max_steps
     cfg = TrainConfig.from_dict(overrides)
     final_batches = preset.final_eval_batches if args.eval_batches is None else (args.eval_batches or None)
-    pairs = variant_flavours(_variants(args.variants), args.flavour)
+    pairs = variant_flavours(_variants(args.variants, args.preset), args.flavour)
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
+    tuning = TUNING.get(args.preset)
     context = run_context(args, info.device,
-                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train"),
-                          train_config=result_identity(cfg.to_dict()), preset=asdict(preset))
+                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs"),
+                          train_config=result_identity(cfg.to_dict()), preset=asdict(preset),
+                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}))
     return preset, datasets, cfg, final_batches, pairs, Path(args.out), env, context
 
 
-def _keys(args, ds, pairs, cfg, final_batches) -> list[dict]:
+def _keys(args, ds, pairs, cfg, final_batches, records: list[dict] | None = None) -> list[dict]:
+    """The cells of one dataset; a tuned preset's as far as ``records`` (the store) allow, with the final cells of
+    arms still tuning marked by lr None."""
+    arms = [{"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
+             "attention_options": resolved_options_json(variant, {"flavor": flavor}), "max_steps": cfg.max_steps,
+             "eval_batches": final_batches} for variant, flavor in pairs]
+    if args.preset in TUNING:
+        cells, waiting, _ = tuned_cells(replace(TUNING[args.preset], seeds=tuple(args.seeds)), arms, records or [])
+        return cells + waiting
     return [{"experiment": NAME, "preset": args.preset, "dataset": ds, "variant": variant, "flavor": flavor,
              "attention_options": resolved_options_json(variant, {"flavor": flavor}), "seed": seed,
              "max_steps": cfg.max_steps, "eval_batches": final_batches}
@@ -301,7 +353,7 @@ def _run(args, info: DistInfo) -> int:
 
 
 def _finish(out, store, env, args) -> int:
-    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of)
+    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, TUNING.get(args.preset))
     print(report.format_comparison(comp))
     print("\n".join(verdict_lines(verdicts)))
     print(f"{NAME}: tables and plots in {out}")
@@ -325,14 +377,28 @@ def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
 
 
 def plan(args) -> Plan:
-    """The cells as cluster jobs (``--launcher submitit``); local runs keep the DDP-aware loop of ``_run``."""
+    """The cells as cluster jobs (``--launcher submitit``) or, for the decide preset, local processes; other local
+    runs keep the DDP-aware loop of ``_run``."""
+    return staged_plan(args)[0]
+
+
+def staged_plan(args) -> tuple[Plan, int]:
+    """(the plan, how many final cells still wait for their arm's tuning: ``tuning.execute_stages``)."""
     info = DistInfo(device=resolve_device(args.device))
     preset, datasets, cfg, final_batches, pairs, out, env, context = _setup(args, info)
     store = ResultStore(out, NAME, context, fresh=args.fresh, env=env)
-    cells = [k for ds in datasets for k in _keys(args, ds, pairs, cfg, final_batches)]
+    records = store.records() if args.preset in TUNING else None
+    cells = [k for ds in datasets for k in _keys(args, ds, pairs, cfg, final_batches, records)]
+    waiting = [c for c in cells if c.get("phase") == "tuned" and c["lr"] is None]
+    if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
+        cells = [c for c in cells if c not in waiting]
+    threads = args.threads or preset.threads or 1
     return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
-                describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']} s{u[0]['seed']}")
+                workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
+                worker_init=functools.partial(torch.set_num_threads, threads),
+                describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']}"
+                                   f"{'/' + u[0]['phase'] if 'phase' in u[0] else ''} s{u[0]['seed']}"), len(waiting)
 
 
 @experiment_main

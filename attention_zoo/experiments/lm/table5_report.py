@@ -13,6 +13,7 @@ from ...claims.paired import delta_frame, delta_table
 from ...data.text import bpc
 from ...io import read_jsonl
 from ...results import ResultStore
+from ..tuning import Tuning, calibration_lines, report_lines
 
 NAME = "table5_gpt2"
 REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines
@@ -67,6 +68,8 @@ def _eval_curves(out: Path, store: ResultStore, run_dir_of) -> pd.DataFrame:
     frames = []
     for rec in store.records():
         cell = rec["cell"]
+        if cell.get("phase", "tuned") != "tuned":  # a tuned preset's curves: the final seeds
+            continue
         for r in read_jsonl(run_dir_of(out, cell, store.context) / "metrics.jsonl"):
             if r.get("event") == "eval" and r.get("eval_set", cell["dataset"]) == cell["dataset"]:
                 frames.append({"dataset": cell["dataset"], "variant": cell["variant"], "flavor": cell["flavor"],
@@ -82,11 +85,21 @@ def _wide(df: pd.DataFrame) -> pd.DataFrame:
     return wide.dropna(how="all", subset=values).reset_index(drop=True)  # pivot lists every variant × flavour
 
 
-def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run_dir_of) -> tuple[pd.DataFrame, list]:
+def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run_dir_of,
+                 tuning: Tuning | None = None) -> tuple[pd.DataFrame, list]:
+    """The report; with ``tuning`` (the decide preset) every table is of the final seeds at each arm's tuned
+    setting, after the grid and the calibration against the unigram model."""
     df = store.frame()
     env = store.environment(env, df)
     if df.empty:
         return pd.DataFrame(), []
+    tuned = []
+    if tuning is not None:
+        tuned = report_lines(tuning, store.records(), lambda c: f"{c['dataset']}: {c['variant']}/{c['flavor']}")
+        df = df[df["phase"] == "tuned"].copy() if "phase" in df else df.iloc[:0]
+        if df.empty:
+            print("\n".join(tuned))
+            return pd.DataFrame(), []
     df["eval_set"] = df["eval_set"].fillna(df["dataset"]) if "eval_set" in df else df["dataset"]
     head = df[df["eval_set"] == df["dataset"]]
     quality = head[head["metric"].isin(["val_loss", "val_bpc", "test_loss", "test_bpc"])]
@@ -106,6 +119,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              "clear_refs reset at the start of the cell (`peak_rss_mib`, includes interpreter, torch and corpus; "
              "not comparable with CUDA numbers). Baselines run in the flavour shown. Presets and the DAMCHA "
              "generator configuration: attention_zoo/experiments/lm/table5_gpt2.py.",
+             *tuned, *calibration_lines(head, "test_loss", "trivial_loss", True, "a unigram of the training text"),
              "## Verdicts on the paper's claims (Table 5)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired change vs MHA/paper (% of MHA's value; mean [95 % interval] (n seeds); lower is "

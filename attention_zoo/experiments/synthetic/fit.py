@@ -12,6 +12,11 @@ recorded at ``budget_fracs`` of ``max_steps`` (the same run seen at smaller budg
 there and at the end, on the best checkpoints. No host synchronisation per step: losses stay on the device until
 an evaluation.
 
+A tuning grid rides the same axis: ``hparams`` gives each member its own (learning rate, weight decay), trained
+with ``engine.member_adamw.MemberAdamW`` when grouped (torch's AdamW at that setting when alone: the separate run
+it equals); several members may share a seed (the data and the initialisation are the seed's). ``score_test=False``
+(a tuning cell) scores the validation split only: the test split is never read before the setting is chosen.
+
 A group checkpoints its whole state every ``ckpt_every`` steps (``engine.checkpoint``: verified, atomic), so an
 interrupted group resumes mid-run with the same results.
 """
@@ -32,6 +37,7 @@ from torch import Tensor, nn
 from ...data import synthetic as syn
 from ...engine.checkpoint import load_checkpoint, save_checkpoint
 from ...engine.ensemble import EnsembleUnsupported, clip_per_seed, group_models, verify_grouped
+from ...engine.member_adamw import MemberAdamW
 from ...envinfo import set_seed
 from ...measure.flops import analytic_flops
 from ...measure.params import count_params
@@ -160,14 +166,21 @@ class Group:
 
     def __init__(self, task: Task, arm: str, flavor: str, seeds: list[int], n_layers: int, options: dict, fit: Fit,
                  device: torch.device, ensemble: bool = True, ensemble_flops: float = ENSEMBLE_FLOPS,
-                 data: dict[str, Tensor] | None = None):
+                 data: dict[str, Tensor] | None = None, hparams: list[tuple[float, float]] | None = None,
+                 score_test: bool = True):
         self.task, self.arm, self.flavor, self.seeds, self.fit, self.device = task, arm, flavor, seeds, fit, device
         self.regression = task.task == "regression"
         self.options, _ = split_options(arm, {**options, "flavor": flavor})
-        # the data depend on (task, seed) only: arms of one cell may share another group's ``data``
+        if hparams is not None and len(hparams) != len(seeds):
+            raise ValueError(f"hparams: {len(hparams)} (lr, weight_decay) pairs for {len(seeds)} members")
+        self.hparams, self.score_test = hparams, score_test
+        # the data depend on (task, seed) only: arms of one cell may share another group's ``data`` (one entry per
+        # distinct seed, in order of first appearance); members of one seed index the same entry
+        unique = list(dict.fromkeys(seeds))
+        self.data_ix = torch.tensor([unique.index(s) for s in seeds], device=device)
         if data is None:
-            datas = [task_data(task, s) for s in seeds]
-            data = {k: torch.stack([d[k] for d in datas]).to(device) for k in datas[0]}  # (S, N, …)
+            datas = [task_data(task, s) for s in unique]
+            data = {k: torch.stack([d[k] for d in datas]).to(device) for k in datas[0]}  # (seeds, N, …)
             del datas
         D = data["x_train"].shape[-1]
         self.models = []
@@ -200,7 +213,8 @@ class Group:
 
     def _grouped(self, part: list[int]) -> nn.Module:
         net = group_models([self.models[i] for i in part]).to(self.device)
-        verify_grouped(net, [self.models[i].to(self.device) for i in part], self.data["x_train"][part, :4])
+        verify_grouped(net, [self.models[i].to(self.device) for i in part],
+                       self.data["x_train"][self.data_ix[part], :4])
         return net
 
     # ---- training -----------------------------------------------------------------------------------------------
@@ -208,8 +222,9 @@ class Group:
         """Rows per seed; None when ``stop_at`` interrupted it (the checkpoint holds the state)."""
         rows = []
         for part, net in zip(self.parts, self.nets):  # each part runs the same loop, with S = len(part)
-            part_ckpt = None if ckpt is None or len(self.parts) == 1 else ckpt.with_suffix(
-                f".s{self.seeds[part[0]]}-{self.seeds[part[-1]]}.pt")
+            tag = (f"m{part[0]}-{part[-1]}" if self.hparams is not None  # members may share seeds
+                   else f"s{self.seeds[part[0]]}-{self.seeds[part[-1]]}")
+            part_ckpt = None if ckpt is None or len(self.parts) == 1 else ckpt.with_suffix(f".{tag}.pt")
             got = self._run(net if net is not None else self.models[part[0]].to(self.device), part,
                             ckpt if len(self.parts) == 1 else part_ckpt, stop_at)
             if got is None:
@@ -219,7 +234,7 @@ class Group:
 
     def _run(self, net: nn.Module, idx: list[int], ckpt: Path | None, stop_at: int | None):
         fit, S = self.fit, len(idx)
-        data = {k: v[idx] for k, v in self.data.items()}
+        data = {k: v[self.data_ix[idx]] for k, v in self.data.items()}
         step_fn, opt, sched = self.stepper(net, idx)
         st = {"step": 0, "best_val": [math.inf] * S, "best_step": [0] * S, "stopped": [False] * S,
               "stop_step": [None] * S,
@@ -251,9 +266,9 @@ class Group:
                 if stop_at is not None and step >= stop_at:
                     return None
         net.load_state_dict(best_state)  # every seed's best validation checkpoint
-        if st.get("tested_at") != st["best_step"]:  # scored once per best checkpoint
+        if self.score_test and st.get("tested_at") != st["best_step"]:  # scored once per best checkpoint
             self._test_best(net, data, st)
-        for f in budgets.values():  # budgets after every seed stopped: their best stands
+        for f in budgets.values() if self.score_test else ():  # budgets after every seed stopped: their best stands
             for s in range(S):
                 st["budget"][s].setdefault(f, st["best_test"][s])
         cpu = st["cpu_s"] + time.process_time() - c0
@@ -267,15 +282,21 @@ class Group:
         """(step(i) -> per-seed losses [S], optimizer, scheduler) for seeds ``idx`` of ``net`` (the grouped model
         or one seed's own): one optimizer update on each seed's batch ``i``, with no host synchronisation."""
         S, fit = len(idx), self.fit
-        # consecutive seeds (every part) as a view: a list index would copy the training set for each stepper
-        sel = slice(idx[0], idx[-1] + 1) if list(idx) == list(range(idx[0], idx[-1] + 1)) else idx
-        x, y, orders = self.data["x_train"][sel], self.data["y_train"][sel], self.orders[sel]
+        # the whole training set indexed per member (a batch gather, never a copy of the set)
+        x, y, orders = self.data["x_train"], self.data["y_train"], self.orders[idx]
         grouped = S > 1  # a part of several seeds is always a grouped model
         params = [p for p in net.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay,
-                                **({"fused": True} if self.device.type == "cpu" else {"foreach": True}))
+        kind = {"fused": True} if self.device.type == "cpu" else {"foreach": True}
+        if self.hparams is None:
+            opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.99), weight_decay=fit.weight_decay, **kind)
+        elif grouped:
+            lr, wd = (torch.tensor([self.hparams[i][j] for i in idx], dtype=torch.float64) for j in (0, 1))
+            opt = MemberAdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=wd)
+        else:  # a member alone: exactly the separate run at its setting
+            lr, wd = self.hparams[idx[0]]
+            opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=wd, **kind)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, fit.lr_factor)
-        rows_ix = torch.arange(S, device=self.device)[:, None]
+        rows_ix = self.data_ix[idx][:, None]
 
         def step(i: int) -> Tensor:
             xb, yb = x[rows_ix, orders[:, i]], y[rows_ix, orders[:, i]]  # (S, B, T, D), (S, B)
@@ -307,7 +328,7 @@ class Group:
                     best_state[k][s] = p[s]
             else:
                 best_state.update({k: v.detach().clone() for k, v in net.state_dict().items()})
-        if budget is not None and st.get("tested_at") != st["best_step"]:
+        if self.score_test and budget is not None and st.get("tested_at") != st["best_step"]:
             scratch = copy.deepcopy(net)  # the best checkpoints, scored without disturbing the training state
             scratch.load_state_dict(best_state)
             self._test_best(scratch, data, st)
@@ -319,7 +340,7 @@ class Group:
                 st["stopped"][s], st["stop_step"][s] = True, step
             st["curve"][s].append((step, v_loss[s]))
             st["train_loss"][s].append((step, train_mean[s]))
-            if budget is not None:
+            if budget is not None and self.score_test:
                 st["budget"][s][budget] = st["best_test"][s]
         net.train()
 
@@ -356,8 +377,22 @@ class Group:
         common = {"params": params["total_params"], "attention_params": params["attention_params"],
                   "attention_options": str(self.options), "device": str(self.device), "path": self.path,
                   "path_reason": self.reason, "status": "ok", "message": ""}
+        val_unit = "mse" if self.regression else "nats"
+        tail = [{"metric": "val_loss@step", "step": k, "value": v, "unit": val_unit} for k, v in st["curve"][s]]
+        tail += [{"metric": "train_loss@step", "step": k, "value": v, "unit": val_unit} for k, v in st["train_loss"][s]]
+        tail += [{"metric": "best_val_loss", "value": st["best_val"][s], "unit": val_unit},
+                 {"metric": "best_step", "value": st["best_step"][s], "unit": "steps"},
+                 {"metric": "steps_run", "value": steps_run, "unit": "steps"},
+                 {"metric": "train_cpu_s", "value": cpu_s, "unit": "s"},
+                 {"metric": "train_time_s", "value": wall_s, "unit": "s"},
+                 {"metric": "train_flops", "value": 3.0 * fwd * steps_run, "unit": "FLOP (analytic, 3 × forward)"}]
+        if not self.score_test:  # a tuning member: validation only
+            if not math.isfinite(st["best_val"][s]):
+                return [{**common, "metric": "best_val_loss", "value": math.nan, "unit": val_unit, "status": "nan",
+                         "message": "no finite validation loss (diverged)"}]
+            return [{**common, **r} for r in tail]
         best = st["best_test"][s] or {}
-        d = {k: v[i] for k, v in self.data.items()}
+        d = {k: v[self.data_ix[i]] for k, v in self.data.items()}
         y, unit = d["y_test"], "mse" if self.regression else "fraction"
         rows = [{"metric": k, "value": v, "unit": "nats" if k == "test_loss" else ("mse" if "mse" in k else unit)}
                 for k, v in best.items()]
@@ -377,16 +412,7 @@ class Group:
         metric = "test_mse" if self.regression else "test_acc"
         rows += [{"metric": f"{metric}@budget", "budget": f, "value": (v or {}).get(metric, math.nan), "unit": unit}
                  for f, v in sorted(st["budget"][s].items())]
-        rows += [{"metric": "val_loss@step", "step": k, "value": v, "unit": "mse" if self.regression else "nats"}
-                 for k, v in st["curve"][s]]
-        rows += [{"metric": "train_loss@step", "step": k, "value": v, "unit": "mse" if self.regression else "nats"}
-                 for k, v in st["train_loss"][s]]
-        rows += [{"metric": "best_val_loss", "value": st["best_val"][s], "unit": "mse" if self.regression else "nats"},
-                 {"metric": "best_step", "value": st["best_step"][s], "unit": "steps"},
-                 {"metric": "steps_run", "value": steps_run, "unit": "steps"},
-                 {"metric": "train_cpu_s", "value": cpu_s, "unit": "s"},
-                 {"metric": "train_time_s", "value": wall_s, "unit": "s"},
-                 {"metric": "train_flops", "value": 3.0 * fwd * steps_run, "unit": "FLOP (analytic, 3 × forward)"}]
+        rows += tail
         if any(not math.isfinite(r["value"]) for r in rows if r["metric"] in ("test_mse", "test_acc")) or not best:
             rows = [{"metric": metric, "value": math.nan, "unit": unit, "status": "nan",
                      "message": "no finite validation loss (diverged)"}]

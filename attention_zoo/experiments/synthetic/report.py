@@ -117,6 +117,8 @@ def write_report(out: Path, store: ResultStore, env: dict, tag: str) -> dict:
     if df.empty:
         return {"verdicts": [], "comparison": pd.DataFrame()}
     df = df[df["config"] == tag].copy()
+    if "phase" in df:  # a tuned preset: verdicts at each arm's tuned setting (the grid is reported by the sweep)
+        df = df[df["phase"] == "tuned"].copy()
     df["label"] = df["variant"] + "/" + df["flavor"]
     preset = str(env.get("preset") or tag.split("/")[0])
     gains = paired_gains(df)

@@ -8,8 +8,9 @@ head. Training (``fit``): the seeds of one (task, setting, arm) train together a
 the arm allows it (same results as one by one), with early stopping on a validation split in the ``decide`` preset.
 
 Presets: ``smoke`` (every variant, 200 steps: far from a plateau, a pipeline check), ``decide`` (MHA, DAMCHA and the
-four control arms, ten seeds, trained to a validation plateau: the preset that decides Figures 12–13 on a CPU) and
-``paper`` (a 2-layer, T = 32 version for a GPU). Sweeps: those named on the command line (``--lambda`` →
+four control arms, each tuned on one grid (``TUNING``, ``experiments.tuning``) then ten seeds at its own best,
+trained to a validation plateau: the preset that decides Figures 12–13 on a CPU) and ``paper`` (a 2-layer, T = 32
+version for a GPU). Sweeps: those named on the command line (``--lambda`` →
 regression, ``--de`` → classification); naming neither runs both at the preset's grids (``--task`` overrides).
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ...envinfo import environment_record, resolve_device
+from ...io import atomic_write_text
 from ...measure.status import free_memory, is_oom, short_message
 from ...registry import resolved_options_json, split_options
 from ...results import digest
@@ -41,6 +43,7 @@ from ..common import (
     variant_flavours,
 )
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
+from ..tuning import Tuning, execute_stages, report_lines, tuned_cells
 from .fit import Fit, Group, Task
 from .report import METRIC, NAME, print_summary, write_report
 
@@ -70,12 +73,26 @@ LAMBDAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's grid, with its quoted po
 DES = (4, 8, 12, 16, 20)
 # DAMCHA's generator narrowed from its default (256, 512), which is sized for D = 128, to the tasks' D ≤ 80.
 NARROW = {"hidden_dims": (64, 64)}
+# The decide preset's tuning. Sized from results/synthetic_decide (the untuned decide run, 2 cores, ten seeds, 6 λ,
+# 5 dₑ, these six arms): 14,300 CPU-s of training, so ≈ 4 core-hours, the whole 2-hour budget at 2 cores. Tuning
+# every setting would add 12 members per (setting, arm) to its 10 seeds (+120 %); instead each arm's grid is scored
+# once per task, at the setting its claim quotes (λ = 1) or the middle of the sweep (dₑ = 12), and its choice runs at
+# every setting (+≈ 22 %), and the λ grid keeps the paper's quoted points and its ends (0, 0.2, 0.6, 1; −1/3 of the
+# regression cost). Estimate: ≈ 12,000 CPU-s of final seeds + ≈ 3,200 of tuning ≈ 4.2 core-hours ≈ 2.1 h wall on 2
+# cores (check with --dry-run on the finished store). No "shared" phase: it would double the cost; the untuned
+# reference is the earlier decide store. Arms kept: every one the claims name.
+TUNING = {"decide": Tuning(lrs=(1e-3, 3e-3, 1e-2), weight_decays=(0.01, 0.3), tune_seeds=(1000, 1001),
+                           seeds=tuple(range(10)), metric="best_val_loss")}
+# The setting at which an arm's grid is scored, per task (a run whose --lambda/--de leave it out: the nearest one)
+TUNE_AT = {"regression": 1.0, "classification": 12}
+
 PRESETS = {
     "smoke": Preset(LAMBDAS, DES, reg_d_e=8, seq_len=16, n_train=4096, n_val=1024, n_test=1024, n_layers=1,
                     fit=Fit(max_steps=200, batch_size=64, lr=5e-3), attention_options=NARROW),
     # A validation plateau: MHA's validation loss stops improving after ≈ 3000 steps of batch 64 at lr 3e-3 on
     # 16,384 training sequences (DAMCHA's earlier), so the budget is 3000 steps with patience 4 × 200.
-    "decide": Preset(LAMBDAS, DES, reg_d_e=8, seq_len=16, n_train=16384, n_val=2048, n_test=4096, n_layers=1,
+    "decide": Preset((0.0, 0.2, 0.6, 1.0), DES, reg_d_e=8, seq_len=16, n_train=16384, n_val=2048, n_test=4096,
+                     n_layers=1,
                      fit=Fit(max_steps=3000, batch_size=64, lr=3e-3, warmup=100, eval_every=200, patience=4,
                              budget_fracs=(0.125, 0.25, 0.5, 1.0), ckpt_every=500),
                      seeds=tuple(range(10)), variants="mha,damcha,controls", attention_options=NARROW),
@@ -99,7 +116,10 @@ def task_of(cell: dict, p: Preset) -> Task:
 
 
 # ---- grid -----------------------------------------------------------------------------------------------------
-def build_cells(args, preset: Preset, preset_name: str) -> list[dict]:
+def build_cells(args, preset: Preset, preset_name: str, tuning: Tuning | None = None,
+                records: list[dict] | None = None) -> list[dict]:
+    """The cells of a run; with ``tuning``, those of a tuned preset as far as ``records`` (the store) allow: the
+    final cells of an arm whose tuning is unfinished carry lr None (``plan`` runs none of them)."""
     tasks = _tasks(args)
     pairs = variant_flavours(select_variants(args.variants or preset.variants), args.flavour)
     lambdas = preset.lambdas if args.lambdas is None else tuple(args.lambdas)
@@ -114,9 +134,29 @@ def build_cells(args, preset: Preset, preset_name: str) -> list[dict]:
     seeds = args.seeds if args.seeds is not None else list(preset.seeds)
     options = {(v, f): resolved_options_json(v, {**split_options(v, preset.attention_options)[0], "flavor": f})
                for v, f in pairs}  # keys each cell by every option value its module gets
+    if tuning is not None:
+        return _tuned(tasks, settings, pairs, options, tag, preset, tuning, records or [])
     return [{"experiment": NAME, "config": tag, "task": task, **s, "seed": seed, "variant": v, "flavor": f,
              "attention_options": options[v, f]}
             for task in tasks for s in settings[task] for seed in seeds for v, f in pairs]
+
+
+def _tuned(tasks, settings, pairs, options, tag, preset: Preset, tuning: Tuning, records: list[dict]) -> list[dict]:
+    """A tuned preset's cells (``experiments.tuning``): each (task, arm) scored on the grid at ``TUNE_AT``, its
+    choice run at every setting of the task; the final cells of arms still tuning come back as waiting ones."""
+    def base(task, s, v, f):
+        return {"experiment": NAME, "config": tag, "task": task, **s, "variant": v, "flavor": f,
+                "attention_options": options[v, f]}
+
+    def at(task):  # TUNE_AT, or the run's setting nearest to it when --lambda/--de leave it out
+        key = "lam" if task == "regression" else "d_e"
+        return min(settings[task], key=lambda s: (abs(s[key] - TUNE_AT[task]), s[key]))
+
+    arms = [base(task, at(task), v, f) for task in tasks for v, f in pairs]
+    cells, waiting, _ = tuned_cells(tuning, arms, records, lambda arm: [base(arm["task"], s, arm["variant"],
+                                                                             arm["flavor"])
+                                                                        for s in settings[arm["task"]]])
+    return cells + waiting
 
 
 def _tasks(args) -> tuple[str, ...]:
@@ -131,8 +171,10 @@ def _tasks(args) -> tuple[str, ...]:
 def groups_of(cells: list[dict]) -> list[list[dict]]:
     """Cells that differ only by seed, grouped (one grouped model each), largest models first (load balance)."""
     by = defaultdict(list)
-    for c in cells:
-        by[tuple((k, c[k]) for k in ("task", "lam", "d_e", "variant", "flavor"))].append(c)
+    for c in cells:  # a tuning group holds every grid point of its arm: the grid rides the ensemble axis
+        keys = ("task", "lam", "d_e", "variant", "flavor") + (
+            ("phase",) if c.get("phase") == "tune" else ("phase", "lr", "weight_decay") if "phase" in c else ())
+        by[tuple((k, c[k]) for k in keys)].append(c)
     return sorted(by.values(), key=lambda g: -g[0]["d_e"])
 
 
@@ -148,8 +190,11 @@ def group_rows(cells: list[dict], preset: Preset, device: str, ckpt_dir: str | N
     ``stop_at`` interrupted it (its checkpoint resumes it)."""
     first = cells[0]
     try:
+        tuned = "phase" in first  # a tuned preset: each cell names its setting; a tuning cell scores validation only
         group = Group(task_of(first, preset), first["variant"], first["flavor"], [c["seed"] for c in cells],
-                      preset.n_layers, preset.attention_options, preset.fit, torch.device(device), ensemble)
+                      preset.n_layers, preset.attention_options, preset.fit, torch.device(device), ensemble,
+                      hparams=[(c["lr"], c["weight_decay"]) for c in cells] if tuned else None,
+                      score_test=first.get("phase") != "tune")
         ckpt = None if ckpt_dir is None else Path(ckpt_dir) / f"{digest(cells)}.pt"
         return group.train(ckpt, stop_at)
     except Exception as exc:
@@ -161,7 +206,8 @@ def group_rows(cells: list[dict], preset: Preset, device: str, ckpt_dir: str | N
 
 def _describe(unit: list[dict]) -> str:
     c = unit[0]
-    return (f"{c['task']}/{c['variant']}/{c['flavor']}/λ={c['lam']}/d_e={c['d_e']} "
+    phase = f"/{c['phase']}" if "phase" in c else ""
+    return (f"{c['task']}/{c['variant']}/{c['flavor']}/λ={c['lam']}/d_e={c['d_e']}{phase} "
             f"(seeds {', '.join(str(x['seed']) for x in unit)})")
 
 
@@ -201,10 +247,18 @@ def resolve_preset(args) -> Preset:
 
 def plan(args) -> Plan:
     """The protocol's plan: the groups of pending cells, how one is trained, and the report."""
+    return staged_plan(args)[0]
+
+
+def staged_plan(args) -> tuple[Plan, int]:
+    """(the plan, how many final cells still wait for their arm's tuning: ``tuning.execute_stages``)."""
     t0 = time.perf_counter()
     device = resolve_device(args.device)
     preset = resolve_preset(args)
-    cells = build_cells(args, preset, args.preset)
+    tuning = TUNING.get(args.preset)
+    if tuning is not None and args.seeds is not None:  # --seeds names the final seeds; the grid keeps its own
+        tuning = replace(tuning, seeds=tuple(args.seeds))
+    cells = build_cells(args, preset, args.preset) if tuning is None else None  # bad input fails before any write
     workers = default_workers(device.type, args.workers)
     threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
     setup_threads(threads)
@@ -213,11 +267,22 @@ def plan(args) -> Plan:
                              preset_config=asdict(preset))
     # --workers and --no-ensemble only change how cells are spread over processes and grouped: same numbers
     store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "workers", "ensemble"),
-                       preset=asdict(preset))
+                       preset=asdict(preset),
+                       **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}))
+    if tuning is not None:
+        cells = build_cells(args, preset, args.preset, tuning, store.records())
+    waiting = [c for c in cells if c.get("phase") == "tuned" and c["lr"] is None]
+    if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
+        cells = [c for c in cells if c not in waiting]
     n_todo = len(store.pending(cells))
 
     def finish() -> int:
         summary = write_report(out, store, env, tag)  # every cell of this context: sweeps accumulate
+        if tuning is not None:  # the grid, each arm's validation score over it, its choice, edge flags
+            lines = report_lines(tuning, store.records(), _arm_label)
+            md = out / f"{NAME}.md"
+            atomic_write_text(md, md.read_text() + "\n" + "\n".join(lines) + "\n")
+            print("\n".join(lines))
         print_summary(summary)
         print(f"{NAME}: {len(cells)} cells ({n_todo} run now, {workers} workers × {threads} threads) in "
               f"{time.perf_counter() - t0:.0f} s; tables and plots in {out}")
@@ -226,11 +291,19 @@ def plan(args) -> Plan:
     work = functools.partial(group_rows, preset=preset, device=str(device), ckpt_dir=str(out / "_cache" / "groups"),
                              ensemble=args.ensemble)
     return Plan(store, groups_of(cells), work, finish, workers=workers,
-                worker_init=functools.partial(torch.set_num_threads, threads), describe=_describe)
+                worker_init=functools.partial(torch.set_num_threads, threads), describe=_describe), len(waiting)
+
+
+def _arm_label(cell: dict) -> str:
+    at = f"λ={cell['lam']:g}" if cell["task"] == "regression" else f"dₑ={cell['d_e']}"
+    return f"{cell['task']} ({at}): {cell['variant']}/{cell['flavor']}"
 
 
 def run(args) -> int:
-    """Run the grid and write the report; 0, or 1 if a group failed (not stored: a rerun retries it)."""
+    """Run the grid and write the report; 0, or 1 if a group failed (not stored: a rerun retries it). A tuned
+    preset runs in stages: the grid first, then each arm's seeds at its chosen setting."""
+    if args.preset in TUNING:
+        return execute_stages(lambda: staged_plan(args), args, NAME)
     return execute(plan(args), args, NAME)
 
 

@@ -41,6 +41,12 @@ PRESETS = {
                     min_lr=1e-4, warmup_epochs=1, label_smoothing=0.1,
                     eval_every_epochs=2, attention_options={"hidden_dims": (64, 64)}, threads=1,
                     train=dict(weight_decay=0.05, beta2=0.999, grad_clip=1.0, log_every=5)),
+    # smoke's model and recipe on the digits, to a validation plateau: a validation split is carved from the training
+    # images (VAL_HOLDOUT in table6_vit) for early stopping and tuning, the smoke's 30 % stays the test split.
+    "decide": Preset("digits", 16, 4, 64, 2, 4, 128, 0.0, epochs=(100,), batch_size=64, lr=2e-3, lr_ref_batch=64,
+                     min_lr=1e-4, warmup_epochs=1, label_smoothing=0.1, eval_every_epochs=1,
+                     attention_options={"hidden_dims": (64, 64)}, threads=1,
+                     train=dict(weight_decay=0.05, beta2=0.999, grad_clip=1.0, log_every=15)),
     "cifar10": Preset("cifar10", 32, 4, 256, 6, 8, 512, 0.1, epochs=(100,), batch_size=128, lr=5e-4,
                       lr_ref_batch=128, min_lr=1e-5, warmup_epochs=5, label_smoothing=0.1,
                       augment={"pad": 4, "flip": True}, eval_every_epochs=5, eval_max_batches=10, ckpt_every_epochs=5,

@@ -38,6 +38,7 @@ class ImageData:
     sampler: Callable  # (batch_size, seed, info) -> ClassificationSampler
     evaluator: Callable  # (batch_size, info) -> evaluator(limit)
     chance_top1: float | None = None  # % of the evaluation labels that are the training set's majority class
+    validator: Callable | None = None  # (batch_size, info) -> evaluator of the validation split carved for tuning
 
 
 def majority_top1(train_labels: Tensor, eval_labels: Tensor) -> float:
@@ -45,8 +46,13 @@ def majority_top1(train_labels: Tensor, eval_labels: Tensor) -> float:
     return 100.0 * float((eval_labels == torch.bincount(train_labels).argmax()).float().mean())
 
 
-def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int | None = None) -> ImageData:
-    """The preset's train/validation data. See find_imagefolder / load_images for Raises."""
+def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int | None = None,
+              holdout: float | None = None) -> ImageData:
+    """The preset's train/validation data; ``holdout`` (digits): that fraction of the training images becomes a
+    validation split of its own (``validator``, for early stopping and tuning), the evaluation split stays the
+    test split. See find_imagefolder / load_images for Raises."""
+    if holdout and preset.dataset != "digits":
+        raise ValueError(f"holdout: a validation split is carved from the digits only, not {preset.dataset}")
     common = dict(label_smoothing=preset.label_smoothing, mixup=preset.mixup)
     if preset.dataset == "imagenet":
         root = find_imagefolder(data_dir)
@@ -66,6 +72,9 @@ def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int
         full = load_digits_images(preset.image_size)
         tr_idx, va_idx = train_val_split(len(full), 0.3, seed=0)
         tr, va, mean, std = full.subset(tr_idx), full.subset(va_idx), (0.5,), (0.5,)
+        if holdout:
+            keep, held = train_val_split(len(tr), holdout, seed=1)
+            tr, tv = tr.subset(keep), tr.subset(held)
     else:
         tr, va = (load_images(preset.dataset, s, data_dir, download) for s in ("train", "test"))
         mean, std = CIFAR_MEAN, CIFAR_STD
@@ -75,7 +84,8 @@ def load_data(preset: Preset, data_dir=None, download: bool = True, workers: int
                                                               std=std, rank=info.rank, world_size=info.world_size,
                                                               **preset.augment, **common),
                      lambda b, info: TensorImageEvaluator(va.images, va.labels, b, mean, std),
-                     majority_top1(tr.labels, va.labels))
+                     majority_top1(tr.labels, va.labels),
+                     (lambda b, info: TensorImageEvaluator(tv.images, tv.labels, b, mean, std)) if holdout else None)
 
 
 def classification_loss(batch, output) -> Tensor:

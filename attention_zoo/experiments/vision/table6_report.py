@@ -13,6 +13,7 @@ from ...claims.paired import delta_frame, delta_table
 from ...claims.stats import wilson_interval
 from ...io import read_jsonl
 from ...results import ResultStore
+from ..tuning import Tuning, calibration_lines, report_lines
 
 NAME = "table6_vit"
 PAPER_METHOD = "damcha"
@@ -49,7 +50,7 @@ def _acc_curves(out: Path, store: ResultStore, run_dir_of, preset_name: str) -> 
     frames = []
     for rec in store.records():
         cell = rec["cell"]
-        if cell["preset"] != preset_name:
+        if cell["preset"] != preset_name or cell.get("phase", "tuned") != "tuned":  # tuned presets: final seeds
             continue
         for r in read_jsonl(run_dir_of(out, cell, store.context) / "metrics.jsonl"):
             if r.get("event") == "eval" and "loss" in r:
@@ -70,13 +71,36 @@ def _rows(wide: pd.DataFrame, order: tuple[str, ...]) -> pd.DataFrame:
     return wide.loc[keys].reset_index(drop=True)
 
 
-def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run_dir_of, order: tuple[str, ...]
-                 ) -> tuple[pd.DataFrame, list]:
+def _tuning_notes(df: pd.DataFrame, store: ResultStore, tuning: Tuning) -> list[str]:
+    """A tuned preset's grid, its calibration against the majority class, and the secondary "shared" rows: every
+    arm at the one setting used before tuning, seed-paired against MHA there, to show whether tuning changed it."""
+    notes = report_lines(tuning, store.records(), lambda c: f"{c['variant']}/{c['flavor']} ({c['epochs']} ep)")
+    notes += calibration_lines(df[df["phase"] == "tuned"], "top1", "chance_top1", False, "the majority class")
+    shared = df[(df["phase"] == "shared") & df["metric"].isin(["top1", "top5"])]
+    if not shared.empty:
+        d = delta_frame(shared, ["metric"], {"variant": "mha", "flavor": "paper"}, relative=False)
+        setting = f"lr {tuning.shared['lr']:g}, weight decay {tuning.shared['weight_decay']:g}"
+        notes += [f"## Secondary: every arm at the shared setting ({setting}), seed-paired difference vs MHA "
+                  "(accuracy points)", "", report.markdown_table(delta_table(d, ["metric"])) if not d.empty else "–"]
+    return notes
+
+
+def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run_dir_of, order: tuple[str, ...],
+                 tuning: Tuning | None = None) -> tuple[pd.DataFrame, list]:
+    """The report; with ``tuning`` (the decide preset) the tables are of the final seeds at each arm's tuned
+    setting, after the grid, the calibration and the shared-setting rows."""
     df = store.frame()
     env = store.environment(env, df)
     df = df[df["preset"] == preset_name] if not df.empty else df
     if df.empty:
         return pd.DataFrame(), []
+    tuned = []
+    if tuning is not None and "phase" in df:
+        tuned = _tuning_notes(df, store, tuning)
+        df = df[df["phase"] == "tuned"].copy()
+        if df.empty:
+            print("\n".join(tuned))
+            return pd.DataFrame(), []
     acc = df[df["metric"].isin(["top1", "top5"])]
     acc = acc.assign(column=acc["epochs"].astype(str) + " ep: top-" + acc["metric"].str[3:] + " (%)")
     wide = _rows(report.wide_table(acc, ["variant", "flavor"], ["column"]), order)
@@ -98,7 +122,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              f" top-1 / top-5 accuracy (%) of the final weights on {n_eval} validation images. The "
              "paper quotes DAMCHA only: 70.93 / 89.71 at 100 epochs, 82.10 / 96.23 at 500 (ImageNet-1K, ViT-B/16). "
              "Baselines run in the flavour shown. Presets and the training recipe: attention_zoo/experiments/"
-             "vision/.",
+             "vision/.", *tuned,
              "## Verdicts on the paper's claims (Table 6)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired difference vs MHA/paper (accuracy points; mean [95 % interval] (n seeds); higher "

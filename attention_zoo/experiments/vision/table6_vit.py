@@ -25,6 +25,14 @@ Presets (the paper gives no recipe [U]):
   the accuracy reached in this budget), label smoothing 0.1, batch 64, lr 2e-3, 8 epochs (152 steps). Seconds of
   compute per variant on a 2-core CPU, with one torch thread (matrices this small gain nothing from a second, and
   on a busy machine OpenMP's spinning threads slow each step tenfold); not comparable with the paper.
+- ``decide``: the smoke model and recipe to a validation plateau: 20 % of the digits' training images become a
+  validation split (early stopping with patience 10 epochs, the tuning's score), the smoke's 30 % stays the test
+  split (top-1/top-5 of the best validation checkpoint); at most 100 epochs. Every arm tuned on one grid
+  (``TUNING``, ``experiments.tuning``), then ten seeds at its own best and, as the secondary row, at the smoke
+  setting (lr 2e-3, weight decay 0.05). Arms: MHA, DCMHA and DAMCHA (the claims T6.*), ``mha_pm``, ``mha_ctx``,
+  ``damcha_bm``; one cell per process (``--jobs``). Sized from one-thread step times at batch 64 (10–27 ms, ``mha_pm``
+  ≈ 70 ms, on a loaded 2-core host) × 15 steps per epoch × 100 epochs × 32 runs per arm (12 tuning, 10 tuned, 10
+  shared) ≈ 2.6 core-hours ≈ 1.3 h on 2 cores with no early stop (the ceiling; plateaus come earlier).
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ import functools
 import json
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+
+import torch
 
 from ... import report
 from ...claims import verdict_lines
@@ -48,6 +58,7 @@ from ...engine import (
     result_identity,
     train,
 )
+from ...engine.checkpoint import load_checkpoint, strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
 from ...envinfo import environment_record, resolve_device, set_seed
 from ...measure.params import count_params
@@ -65,21 +76,29 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
-from ..protocol import Plan, add_launcher_arguments, execute
+from ..protocol import Plan, add_launcher_arguments, default_workers, execute
+from ..tuning import Tuning, execute_stages, tuned_cells
 from .presets import PRESETS, Preset
 from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
 from .table6_report import NAME, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
+DECIDE_ARMS = ("mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm")
+TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.05, 0.2), tune_seeds=(1000, 1001),
+                           seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05})}
+VAL_HOLDOUT = {"decide": 0.2}  # of the training images: the tuned presets' validation split
+PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the best validation loss
 
 
 def build_parser():
-    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "*": FIVE_SEEDS})
+    p = base_parser(NAME, __doc__.split("\n")[0], default_seeds={"smoke": [0], "decide": list(range(10)),
+                                                                  "*": FIVE_SEEDS})
     p.set_defaults(variants=None)
     for action in p._actions:  # base_parser knows smoke/paper only; this table adds a mid-size preset
         if action.dest == "preset":
             action.choices = tuple(PRESETS)
-            action.help = "smoke: digits, seconds per variant on a CPU; cifar10: mid-size; paper: ImageNet ViT-B/16"
+            action.help = ("smoke: digits, seconds per variant on a CPU; decide: digits to a plateau, tuned, ten "
+                           "seeds; cifar10: mid-size; paper: ImageNet ViT-B/16")
     p.add_argument("--data-dir", default=None, help="ImageNet root (train/ and val/ class folders) or where CIFAR is "
                    "(or gets downloaded); default $ATTENTION_ZOO_DATA or ~/.cache/attention_zoo/data")
     p.add_argument("--no-download", dest="download", action="store_false", help="fail instead of downloading CIFAR")
@@ -99,6 +118,8 @@ def build_parser():
                    help="TrainConfig overrides, e.g. --train amp=off grad_accum=4 stop_at=100")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
     p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines as "
                 "the paper ran them (reproduce/all.py --preset paper does). "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
@@ -147,16 +168,18 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
     checkpoints discarded) and measure top-1/top-5; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
     opts, _ = split_options(variant, {**preset.attention_options, **attn_options, "flavor": flavor})
+    phase = cell.get("phase")  # a tuned preset: early stopping and tuning on the validation split carved for it
     set_seed(seed)
     model = VisionTransformer(preset.image_size, preset.patch_size, data.num_classes, preset.d_model, preset.n_layers,
                               preset.n_heads, attention=variant, attention_options=opts, in_chans=data.in_chans,
                               d_ff=preset.d_ff, dropout=preset.dropout)
     params = count_params(model)
     sampler, evaluator = data.sampler(cfg.batch_size, seed, info), data.evaluator(preset.eval_batch_size, info)
+    validator = data.validator(preset.eval_batch_size, info) if phase else evaluator
     if fresh and info.is_main:
         discard_run(run_dir)
     try:
-        res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": evaluator},
+        res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": validator},
                     loss_fn=classification_loss, resume=None if fresh else "auto", info=info,
                     meta={"cell": cell, "attention_options": opts},
                     desc=f"{variant}/{flavor}/e{cell['epochs']}/s{seed}")
@@ -173,12 +196,22 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
             {"metric": "attention_params", "value": params["attention_params"], "unit": "params"}]
     if res.status == "nan":
         common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
-        rows += [{"metric": m, "value": math.nan, "unit": "%"} for m in ("top1", "top5")]
+        rows += [{"metric": m, "value": math.nan, "unit": "%"} for m in (("val_loss",) if phase == "tune" else
+                                                                          ("top1", "top5"))]
         return [{**common, **r} for r in rows], res
+    if phase:  # scored at the best validation checkpoint; a tuning cell never reads the test split
+        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
+        val = evaluate_topk(model, validator(None), info, amp=cfg.amp)
+        rows += [{"metric": "val_loss", "value": val["loss"], "unit": "nats", "n_eval": val["n"]},
+                 {"metric": "val_top1", "value": val["top1"], "unit": "%", "n_eval": val["n"]},
+                 {"metric": "best_step", "value": res.best_step, "unit": "steps"},
+                 {"metric": "steps_run", "value": res.step, "unit": "steps"}]
+        if phase == "tune":
+            return [{**common, **r} for r in rows], res
     acc = evaluate_topk(model, evaluator(eval_batches), info, amp=cfg.amp)
     rows += [{"metric": "top1", "value": acc["top1"], "unit": "%", "n_eval": acc["n"]},
              {"metric": "top5", "value": acc["top5"], "unit": "%", "n_eval": acc["n"]},
-             {"metric": "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
+             {"metric": "test_loss" if phase else "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
     if data.chance_top1 is not None:  # the learned-at-all gate's reference
         rows.append({"metric": "chance_top1", "value": data.chance_top1, "unit": "%", "n_eval": acc["n"]})
     return [{**common, **r} for r in rows], res
@@ -187,6 +220,8 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
+    if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best (and the shared setting)
+        return execute_stages(lambda: staged_plan(args), args, NAME)
     if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
         return execute(plan(args), args, NAME)
     return run_distributed(args.device, lambda info: _run(args, info))
@@ -195,24 +230,54 @@ def run(args) -> int:
 def _setup(args, info: DistInfo):
     """(preset, pairs, attention options, overrides, data, batch, out, env, context) of a run."""
     preset = PRESETS[args.preset]
-    names = select_variants(args.variants) if args.variants else [v for v in DEFAULT_VARIANTS if is_attention(v)]
+    default = DECIDE_ARMS if args.preset in TUNING else DEFAULT_VARIANTS
+    names = select_variants(args.variants) if args.variants else [v for v in default if is_attention(v)]
     pairs = variant_flavours(names, args.flavour)
     attn_options, overrides = parse_attn_options(args.attn_options), parse_overrides(args.train)
-    data = load_data(preset, args.data_dir, args.download, args.workers)
+    data = load_data(preset, args.data_dir, args.download, args.workers, VAL_HOLDOUT.get(args.preset))
     batch = args.batch_size or preset.batch_size
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, n_train=data.n_train,
                              n_val=data.n_val)
-    context = run_context(args, info.device, selection=("keep_checkpoints", "download", "data_dir", "epochs", "train"),
-                          preset=asdict(preset), train_overrides=result_identity(overrides))
+    tuning = TUNING.get(args.preset)
+    context = run_context(args, info.device,
+                          selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs"),
+                          preset=asdict(preset), train_overrides=result_identity(overrides),
+                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"},
+                              "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset]}
+                             if tuning else {}))
     return preset, pairs, attn_options, overrides, data, batch, Path(args.out), env, context
 
 
-def _cells(args, preset, pairs, attn_options, overrides, data, batch):
-    """[(cell key, TrainConfig)] of the grid, in run order."""
+def _config(args, preset, overrides, data, batch, key: dict) -> TrainConfig:
+    """A cell's TrainConfig; a tuned preset's cell trains at its own lr and weight decay, with early stopping."""
+    tuned = args.preset in TUNING  # its cells run in parallel processes: the plan's bar counts them, not tqdm
+    cfg, spe = train_config(preset, data.n_train, key["epochs"], batch, args.steps,
+                            {**overrides, "progress": not args.quiet and not tuned})
+    if not tuned:
+        return cfg
+    cfg = cfg.replace(patience=PATIENCE_EPOCHS[args.preset] * spe)
+    if key["lr"] is None:  # waiting for its arm's tuning: priced by a dry run, never trained
+        return cfg
+    return cfg.replace(lr=key["lr"], min_lr_ratio=min(1.0, preset.min_lr / key["lr"]),
+                       weight_decay=key["weight_decay"])
+
+
+def _cells(args, preset, pairs, attn_options, overrides, data, batch, records: list[dict] | None = None):
+    """[(cell key, TrainConfig)] of the grid, in run order; a tuned preset's as far as ``records`` allow."""
     out = []
     for epochs in args.epochs or preset.epochs:
         cfg, spe = train_config(preset, data.n_train, epochs, batch, args.steps,
                                 {**overrides, "progress": not args.quiet})
+        if args.preset in TUNING:
+            arms = [{"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
+                     "flavor": flavor, "epochs": epochs, "max_steps": cfg.max_steps, "batch_size": batch,
+                     "steps_per_epoch": spe, "eval_batches": args.eval_batches,
+                     "attn_options": json.dumps(attn_options, sort_keys=True, default=str),
+                     "attention_options": resolved_options_json(variant, {"flavor": flavor})}
+                    for variant, flavor in pairs]
+            cells, waiting, _ = tuned_cells(replace(TUNING[args.preset], seeds=tuple(args.seeds)), arms, records or [])
+            out += [(c, _config(args, preset, overrides, data, batch, c)) for c in cells + waiting]
+            continue
         for variant, flavor in pairs:
             for seed in args.seeds:
                 out.append(({"experiment": NAME, "preset": args.preset, "dataset": preset.dataset, "variant": variant,
@@ -251,7 +316,7 @@ def _run(args, info: DistInfo) -> int:
 
 
 def _finish(out, store, env, args) -> int:
-    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, DEFAULT_VARIANTS)
+    comp, verdicts = write_report(out, store, env, args.preset, run_dir_of, DEFAULT_VARIANTS, TUNING.get(args.preset))
     print(report.format_comparison(comp))
     print("\n".join(verdict_lines(verdicts)))
     print(f"{NAME}: tables and plots in {out}")
@@ -262,13 +327,11 @@ def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
     """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
     info = DistInfo(device=resolve_device(args.device))
     preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
-    cfgs = {json.dumps(k, sort_keys=True): c for k, c in _cells(args, preset, pairs, attn_options, overrides, data,
-                                                                  batch)}
     rows_out = []
     for key in unit:
         run_dir = run_dir_of(out, key, context)
-        rows, res = run_cell(key, preset, data, cfgs[json.dumps(key, sort_keys=True)], info, run_dir, attn_options,
-                             args.eval_batches, args.fresh)
+        rows, res = run_cell(key, preset, data, _config(args, preset, overrides, data, batch, key), info, run_dir,
+                             attn_options, args.eval_batches, args.fresh)
         if res.status == "interrupted":
             return None
         if not args.keep_checkpoints:
@@ -278,15 +341,29 @@ def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
 
 
 def plan(args) -> Plan:
-    """The cells as cluster jobs (``--launcher submitit``); local runs keep the DDP-aware loop of ``_run``."""
+    """The cells as cluster jobs (``--launcher submitit``) or, for the decide preset, local processes; other local
+    runs keep the DDP-aware loop of ``_run``."""
+    return staged_plan(args)[0]
+
+
+def staged_plan(args) -> tuple[Plan, int]:
+    """(the plan, how many final cells still wait for their arm's tuning: ``tuning.execute_stages``)."""
     ensure_out_dir(args.out)
     info = DistInfo(device=resolve_device(args.device))
     preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
     store = ResultStore(out, NAME, context, fresh=args.fresh, env=env)
-    cells = [k for k, _ in _cells(args, preset, pairs, attn_options, overrides, data, batch)]
+    records = store.records() if args.preset in TUNING else None
+    cells = [k for k, _ in _cells(args, preset, pairs, attn_options, overrides, data, batch, records)]
+    waiting = [c for c in cells if c.get("phase") == "tuned" and c["lr"] is None]
+    if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
+        cells = [c for c in cells if c not in waiting]
+    threads = args.threads or preset.threads or 1
     return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
-                describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']} e{u[0]['epochs']} s{u[0]['seed']}")
+                workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
+                worker_init=functools.partial(torch.set_num_threads, threads),
+                describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']}{'/' + u[0]['phase'] if 'phase' in u[0] else ''}"
+                                   f" e{u[0]['epochs']} s{u[0]['seed']}"), len(waiting)
 
 
 @experiment_main

@@ -1,0 +1,217 @@
+"""Tuning parity: every arm tuned on the same grid, on the validation split, then run at its own best setting.
+
+A decide preset declares a ``Tuning`` before it runs: the grid (learning rate × weight decay), the few seeds that
+score it and the n ≥ 10 seeds of the final runs. The store contract (the claims layer reads it) is a cell column
+``phase``:
+
+- ``"tune"``: one grid point of one arm at one tuning seed, with its ``lr`` and ``weight_decay`` columns; these
+  cells compute and store validation metrics only (the test split is never scored before the setting is fixed);
+- ``"tuned"``: the final seeds at the arm's chosen setting (lowest mean validation loss over the tuning seeds),
+  with the ``lr``/``weight_decay`` used;
+- ``"shared"`` (optional): every arm at the one setting the preset used before tuning existed, so a reader sees
+  whether tuning changed the answer.
+
+The final cells of an arm exist only once all its tuning cells are stored, so a run goes in stages
+(``execute_stages``: plan, run, plan again until nothing new appears); a rerun computes only what is missing.
+Presets that do not tune never carry ``phase``, so their stores keep their keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PHASES = ("tune", "tuned", "shared")
+HPARAMS = ("lr", "weight_decay")
+SETTING_KEYS = ("phase", "seed", *HPARAMS)  # what varies inside one arm
+
+
+def _positive_tuple(name: str, values, allow_zero: bool) -> tuple[float, ...]:
+    vals = tuple(values)
+    ok = vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                      and (v >= 0 if allow_zero else v > 0) for v in vals)
+    if not ok or len(set(vals)) != len(vals):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}: expected distinct finite values {bound}, got {values!r}")
+    return tuple(float(v) for v in vals)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The grid of a decide preset, fixed before the run and the same for every arm.
+
+    ``lrs`` × ``weight_decays``: the grid; ``tune_seeds``: the seeds that score each grid point on validation
+    (2–3); ``seeds``: the final seeds at each arm's best (≥ 10, disjoint from nothing: seed-paired across arms);
+    ``metric``: the stored validation metric the choice minimises; ``shared``: the preset's one setting before
+    tuning ({"lr": …, "weight_decay": …}), run at ``seeds`` as the secondary ``"shared"`` phase (None: no such
+    phase)."""
+
+    lrs: tuple[float, ...]
+    weight_decays: tuple[float, ...]
+    tune_seeds: tuple[int, ...]
+    seeds: tuple[int, ...]
+    metric: str = "val_loss"
+    shared: dict | None = field(default=None)
+
+    def __post_init__(self):
+        object.__setattr__(self, "lrs", _positive_tuple("lrs", self.lrs, allow_zero=False))
+        object.__setattr__(self, "weight_decays", _positive_tuple("weight_decays", self.weight_decays, True))
+        for name in ("tune_seeds", "seeds"):
+            seeds = tuple(getattr(self, name))
+            if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) and s >= 0 for s in seeds):
+                raise ValueError(f"{name}: expected distinct non-negative ints, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, seeds)
+        if self.shared is not None and set(self.shared) != set(HPARAMS):
+            raise ValueError(f"shared: expected keys {HPARAMS}, got {sorted(self.shared)}")
+
+    def grid(self) -> list[dict]:
+        """Every grid point, learning rate major."""
+        return [{"lr": lr, "weight_decay": wd} for lr in self.lrs for wd in self.weight_decays]
+
+    def describe(self) -> str:
+        return (f"lr {{{', '.join(f'{v:g}' for v in self.lrs)}}} × weight decay "
+                f"{{{', '.join(f'{v:g}' for v in self.weight_decays)}}}, {len(self.tune_seeds)} tuning seeds, "
+                f"{len(self.seeds)} final seeds")
+
+
+def arm_id(cell: dict) -> str:
+    """A cell's arm: the cell without what varies inside one arm (phase, seed, the tuned hyper-parameters)."""
+    return json.dumps({k: v for k, v in cell.items() if k not in SETTING_KEYS}, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An arm's chosen setting: ``setting`` ({lr, weight_decay}), its mean validation ``score``, the score of
+    every grid point (``scores``: (lr, weight_decay) -> mean), and ``edge``: the axes whose chosen value is the
+    smallest or largest on the grid (the optimum may lie outside it)."""
+
+    setting: dict
+    score: float
+    scores: dict
+    edge: tuple[str, ...]
+
+
+def choose(tuning: Tuning, scores: dict[tuple[float, float], list[float]]) -> Choice | None:
+    """The grid point with the lowest mean validation score over the tuning seeds; None until every grid point
+    has a score from every tuning seed. A grid point whose seeds diverged (non-finite) is never chosen; if all
+    diverged the arm has no choice."""
+    grid = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
+    if any(len(scores.get(p, ())) < len(tuning.tune_seeds) for p in grid):
+        return None
+    means = {p: statistics.fmean(scores[p]) if all(math.isfinite(v) for v in scores[p]) else math.inf for p in grid}
+    best = min(grid, key=lambda p: (means[p], grid.index(p)))  # ties: the first on the grid (declared order)
+    if not math.isfinite(means[best]):
+        return None
+    edge = tuple(name for name, axis, v in (("lr", tuning.lrs, best[0]), ("weight_decay", tuning.weight_decays,
+                                                                           best[1]))
+                 if len(axis) > 1 and v in (min(axis), max(axis)))
+    return Choice({"lr": best[0], "weight_decay": best[1]}, means[best], means, edge)
+
+
+def tune_scores(records: list[dict], metric: str) -> dict[str, dict[tuple[float, float], list[float]]]:
+    """Per arm, per grid point, the stored validation scores of the ``tune`` cells (store records)."""
+    out: dict[str, dict] = {}
+    for rec in records:
+        cell = rec["cell"]
+        if cell.get("phase") != "tune":
+            continue
+        vals = [r["value"] for r in rec["rows"] if r.get("metric") == metric and r.get("status", "ok") == "ok"
+                and r.get("eval_set", cell.get("dataset")) == cell.get("dataset")]  # a mix's own figure
+        value = float(vals[0]) if vals and isinstance(vals[0], (int, float)) else math.nan
+        out.setdefault(arm_id(cell), {}).setdefault((cell["lr"], cell["weight_decay"]), []).append(value)
+    return out
+
+
+def tuned_cells(tuning: Tuning, arms: list[dict], records: list[dict],
+                finals: Callable[[dict], list[dict]] = lambda arm: [arm]) -> tuple[list[dict], list[dict], dict]:
+    """The cells of a tuned preset as far as the store allows: (cells, cells still waiting for their arm's tuning,
+    choices per arm id). ``arms``: one cell per arm without phase/seed/lr/weight_decay, where its grid is scored;
+    ``finals(arm)``: the cells its choice applies to (default: the arm's own; a sweep tuned at one of its settings
+    applies the choice to every setting). The waiting cells carry ``lr``/``weight_decay`` None: a dry run prices
+    them, a run never starts them."""
+    scores = tune_scores(records, tuning.metric)
+    cells, waiting, choices = [], [], {}
+    for arm in arms:
+        cells += [{**arm, "phase": "tune", **g, "seed": s} for g in tuning.grid() for s in tuning.tune_seeds]
+        if tuning.shared is not None:
+            cells += [{**f, "phase": "shared", **tuning.shared, "seed": s} for f in finals(arm) for s in tuning.seeds]
+        choice = choose(tuning, scores.get(arm_id(arm), {}))
+        if choice is None:
+            waiting += [{**f, "phase": "tuned", "lr": None, "weight_decay": None, "seed": s} for f in finals(arm)
+                        for s in tuning.seeds]
+            continue
+        choices[arm_id(arm)] = choice
+        cells += [{**f, "phase": "tuned", **choice.setting, "seed": s} for f in finals(arm) for s in tuning.seeds]
+    return cells, waiting, choices
+
+
+def execute_stages(plan_of: Callable[[], tuple[object, int]], args, name: str) -> int:
+    """Run a tuned preset in stages: ``plan_of()`` builds a fresh ``protocol.Plan`` from the store and says how many
+    final cells still wait for their arm's tuning; each stage runs what is plannable, until nothing waits (or
+    nothing more can appear: an arm whose every grid point diverged). The report runs once, at the last stage. A
+    dry run prints the first plan, whose ``units`` price the waiting cells too."""
+    from .protocol import execute
+
+    plan, waiting = plan_of()
+    while waiting and not getattr(args, "dry_run", False):
+        plan.finish = lambda: 0
+        code = execute(plan, args, name)
+        if code:
+            return code
+        plan, still = plan_of()
+        if still >= waiting:
+            break
+        waiting = still
+    return execute(plan, args, name)
+
+
+def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], str]) -> list[str]:
+    """The tuning section of a decide report: the grid, each arm's mean validation score at every grid point,
+    the chosen setting, and a flag where the best sits on the grid's edge."""
+    scores = tune_scores(records, tuning.metric)
+    arms = {}
+    for rec in records:
+        if rec["cell"].get("phase") == "tune":
+            arms.setdefault(arm_id(rec["cell"]), rec["cell"])
+    grid = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
+    head = " | ".join(f"lr {lr:g}, wd {wd:g}" for lr, wd in grid)
+    lines = [f"## Tuning ({tuning.describe()}; mean validation {tuning.metric} over the tuning seeds, lower is "
+             "better)", "", f"| arm | {head} | chosen | on the edge |", "|" + "---|" * (len(grid) + 3)]
+    for aid, cell in sorted(arms.items(), key=lambda kv: label(kv[1])):
+        by = scores.get(aid, {})
+        means = [statistics.fmean(by[p]) if by.get(p) else math.nan for p in grid]
+        choice = choose(tuning, by)
+        chosen = (f"lr {choice.setting['lr']:g}, wd {choice.setting['weight_decay']:g}" if choice
+                  else "not yet (tuning unfinished or diverged)")
+        edge = ("**yes: " + ", ".join(choice.edge) + "**") if choice and choice.edge else "no"
+        lines.append(f"| {label(cell)} | " + " | ".join(f"{m:.4g}" for m in means) + f" | {chosen} | {edge} |")
+    return lines
+
+
+def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what: str,
+                      by: tuple[str, ...] = ("variant", "flavor")) -> list[str]:
+    """The calibration rows of a decide report: each arm's mean ``metric`` beside its task's trivial predictor
+    (``trivial``, stored beside it: unigram, majority class, training mean) and the margin between them, so a
+    reader sees that the stand-in learned (the gate of ``claims.gate`` decides it per cell)."""
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    got = ok[ok["metric"] == metric].groupby(list(by))["value"].mean()
+    ref = ok[ok["metric"] == trivial].groupby(list(by))["value"].mean()
+    if got.empty or ref.empty:
+        return []
+    lines = [f"## Calibration: {metric} vs the trivial predictor ({what}; means over seeds)", "",
+             f"| arm | {metric} | {trivial} | margin |", "|---|---|---|---|"]
+    for key, v in got.items():
+        t = ref.get(key, math.nan)
+        margin = (t - v if lower_is_better else v - t)
+        rel = f" ({100 * margin / t:+.1f} % of it)" if lower_is_better and t else ""
+        lines.append(f"| {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} | {v:.4f} | {t:.4f} | "
+                     f"{margin:+.4f}{rel} |")
+    return lines
+
+
+__all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_id", "calibration_lines", "choose", "execute_stages",
+           "report_lines",
+           "tune_scores", "tuned_cells"]

@@ -1,0 +1,94 @@
+"""Tuning parity (experiments/tuning.py): the grid is chosen on validation only, per-member learning rates and
+weight decays in one ensemble equal separate runs, and the decide presets declare their grids and arms."""
+
+import math
+
+import pytest
+import torch
+
+from attention_zoo.experiments.synthetic.fit import Fit, Group, Task
+from attention_zoo.experiments.tuning import Tuning, arm_id, choose, tune_scores, tuned_cells
+
+CPU = torch.device("cpu")
+TASK = Task("regression", 1.0, n_train=256, n_val=64, n_test=64, reg_d_e=4, seq_len=6, noise=0.1, kappa=2.0)
+FIT = Fit(max_steps=16, batch_size=16, lr=3e-3, warmup=4, eval_every=4, patience=2, budget_fracs=(0.5, 1.0))
+TUNING = Tuning(lrs=(1e-3, 3e-3, 1e-2), weight_decays=(0.0, 0.1), tune_seeds=(7, 8), seeds=tuple(range(10)))
+
+
+def _values(rows):
+    return {(r["metric"], r.get("budget"), r.get("step")): r["value"] for r in rows
+            if r["metric"] not in ("train_cpu_s", "train_time_s")}
+
+
+def _record(arm: str, lr: float, wd: float, seed: int, val: float, test: float | None = None) -> dict:
+    rows = [{"metric": "val_loss", "value": val}] + ([] if test is None else [{"metric": "test_loss", "value": test}])
+    return {"cell": {"variant": arm, "phase": "tune", "lr": lr, "weight_decay": wd, "seed": seed}, "rows": rows}
+
+
+def test_the_choice_is_the_validation_best_not_the_test_best():
+    recs = []
+    for lr in TUNING.lrs:
+        for wd in TUNING.weight_decays:
+            for s in TUNING.tune_seeds:
+                # planted: validation prefers lr 3e-3 / wd 0.1; a test metric (were it read) would prefer lr 1e-2
+                val = 1.0 if (lr, wd) == (3e-3, 0.1) else 2.0 + lr
+                recs.append(_record("mha", lr, wd, s, val, test=0.1 if lr == 1e-2 else 5.0))
+    choice = choose(TUNING, tune_scores(recs, "val_loss")[arm_id({"variant": "mha"})])
+    assert choice.setting == {"lr": 3e-3, "weight_decay": 0.1} and choice.score == 1.0
+    assert choice.edge == ("weight_decay",)  # 0.1 is the largest weight decay of the grid: flagged
+
+
+def test_no_choice_until_every_grid_point_has_every_tuning_seed_and_diverged_points_lose():
+    recs = [_record("mha", lr, wd, 7, 1.0) for lr in TUNING.lrs for wd in TUNING.weight_decays]
+    assert choose(TUNING, tune_scores(recs, "val_loss")[arm_id({"variant": "mha"})]) is None
+    recs += [_record("mha", lr, wd, 8, math.nan if lr == 1e-3 else 1.0 + lr) for lr in TUNING.lrs
+             for wd in TUNING.weight_decays]
+    choice = choose(TUNING, tune_scores(recs, "val_loss")[arm_id({"variant": "mha"})])
+    assert choice.setting["lr"] == 3e-3 and choice.edge == ("weight_decay",)
+
+
+def test_tuned_cells_wait_for_their_arms_tuning():
+    arms = [{"variant": "mha"}, {"variant": "damcha"}]
+    cells, waiting, choices = tuned_cells(TUNING, arms, [])
+    assert {c["phase"] for c in cells} == {"tune"} and len(cells) == 2 * 6 * 2 and len(waiting) == 20
+    recs = [_record("mha", lr, wd, s, lr + wd) for lr in TUNING.lrs for wd in TUNING.weight_decays
+            for s in TUNING.tune_seeds]
+    cells, waiting, choices = tuned_cells(TUNING, arms, recs)
+    final = [c for c in cells if c["phase"] == "tuned"]
+    assert [c["seed"] for c in final] == list(range(10)) and all(c["lr"] == 1e-3 and c["weight_decay"] == 0.0
+                                                                 for c in final)
+    assert len(waiting) == 10 and all(c["variant"] == "damcha" for c in waiting)
+
+
+@pytest.mark.parametrize("bad", [dict(lrs=()), dict(lrs=(0.0,)), dict(weight_decays=(-1.0,)),
+                                 dict(seeds=(1, 1)), dict(shared={"lr": 1e-3})])
+def test_a_bad_grid_is_a_value_error_naming_the_argument(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Tuning(**{**dict(lrs=(1e-3,), weight_decays=(0.0,), tune_seeds=(0,), seeds=(0,)), **bad})
+
+
+@pytest.mark.parametrize("arm", ["mha", "damcha"])
+def test_per_member_lr_and_weight_decay_in_one_ensemble_equal_separate_runs(arm):
+    members = [(0, 1e-3, 0.0), (0, 1e-2, 0.3), (1, 3e-3, 0.1)]  # two members share seed 0's data and init
+    seeds, hp = [m[0] for m in members], [m[1:] for m in members]
+    g = Group(TASK, arm, "paper", seeds, 1, {"hidden_dims": (8, 8)}, FIT, CPU, True, hparams=hp)
+    assert g.path == "ensemble of 3", g.reason
+    together = g.train()
+    for (seed, lr, wd), rows in zip(members, together):
+        fit = Fit(**{**FIT.__dict__, "lr": lr, "weight_decay": wd})
+        alone = Group(TASK, arm, "paper", [seed], 1, {"hidden_dims": (8, 8)}, fit, CPU, False).train()[0]
+        va, vb = _values(rows), _values(alone)
+        assert va.keys() == vb.keys()
+        for k in va:
+            assert va[k] == pytest.approx(vb[k], rel=1e-5, abs=1e-7), (arm, seed, lr, wd, k)
+
+
+def test_a_tuning_group_never_reads_the_test_split(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the test split was scored during tuning")
+
+    monkeypatch.setattr(Group, "_test_metrics", refuse)
+    hp = [(lr, wd) for lr in (1e-3, 1e-2) for wd in (0.0, 0.1)]
+    rows = Group(TASK, "mha", "paper", [0] * 4, 1, {}, FIT, CPU, True, hparams=hp, score_test=False).train()
+    metrics = {r["metric"] for member in rows for r in member}
+    assert "best_val_loss" in metrics and not any(m.startswith(("test", "trivial", "oracle")) for m in metrics)
