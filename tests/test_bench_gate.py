@@ -62,6 +62,7 @@ def test_the_plain_loop_runs_in_a_clean_child_and_the_benchmark_reports_both(tmp
     spec = workload_spec(attention="mha", batch=1, seq_len=8, d_model=8, n_heads=2)
     got = plain_loop_times({"a": spec, "b": {**spec, "attention": "nope"}}, "cpu", warmup=0, rounds=3, threads=1)
     assert got["a"]["status"] == "ok" and got["a"]["q25_ms"] <= got["a"]["median_ms"] <= got["a"]["q75_ms"]
+    assert got["a"]["step_median_ms"] > got["a"]["median_ms"]  # the whole step includes AdamW's
     assert got["b"]["status"] == "error" and "nope" in got["b"]["message"]
 
     from attention_zoo.measure.quick import main

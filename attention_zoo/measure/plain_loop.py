@@ -5,8 +5,10 @@ and a settled heap, ``envinfo``), which removes noise but is not what a user's p
 as a user writes it — ``torch.optim.AdamW``, ``opt.zero_grad(set_to_none=True)``, forward, loss, backward,
 ``opt.step()`` — in a fresh child process with the C library's default allocator settings and without this
 package's environment variables (``ATTENTION_ZOO_*``, ``THP_MEM_ALLOC_ENABLE``, ``MALLOC_*``), timed in
-interleaved rounds (A B C … A B C …) with the wall clock (CUDA: synchronised). The optimizer step is part of the
-step, as it is in a user's loop (a variant with more parameters pays for them there). Rows: median, q25, q75 (ms).
+interleaved rounds (A B C … A B C …) with the wall clock (CUDA: synchronised). Two times per step: the
+forward+backward (``zero_grad``, forward, loss, backward: what the fwd+bwd targets compare, now under a user's
+allocation pattern) and the whole step with the optimizer (a variant with more parameters pays for them there:
+AdamW reads and writes four tensors of every parameter's size). Rows: median, q25, q75 (ms) of each.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def plain_env() -> dict[str, str]:
 
 def plain_loop_times(specs: dict[str, dict], device: torch.device | str, warmup: int = 2, rounds: int = 9,
                      threads: int | None = None, timeout_s: float = 3600.0) -> dict[str, dict]:
-    """{label: {"status", "median_ms", "q25_ms", "q75_ms", "iqr_ms", "message"}} of a plain AdamW training step of
-    each workload spec, timed in a fresh child process (module docstring)."""
+    """{label: {"status", "median_ms", "q25_ms", "q75_ms", "iqr_ms" (forward+backward), "step_median_ms",
+    "step_iqr_ms" (the whole step with AdamW), "message"}} of a plain AdamW training step of each workload spec,
+    timed in a fresh child process (module docstring)."""
     payload = {"specs": specs, "device": str(device), "warmup": warmup, "rounds": rounds,
                "threads": threads or torch.get_num_threads()}
     proc = subprocess.run([sys.executable, "-m", "attention_zoo.measure.plain_loop"], input=json.dumps(payload),
@@ -50,6 +53,7 @@ def plain_loop_times(specs: dict[str, dict], device: torch.device | str, warmup:
 def _child(payload: dict) -> dict[str, dict]:
     torch.set_num_threads(int(payload["threads"]))
     device = torch.device(payload["device"])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     steps, out = {}, {}
     for label, spec in payload["specs"].items():
         try:
@@ -60,22 +64,23 @@ def _child(payload: dict) -> dict[str, dict]:
                 opt.zero_grad(set_to_none=True)
                 loss = wl.loss(wl.forward())
                 loss.backward()
+                sync()
+                mid = time.perf_counter()
                 opt.step()
-                return loss
+                return loss, mid
 
             steps[label] = step
         except Exception as exc:  # a case that cannot be built is a row, not a crash
             out[label] = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
-    times: dict[str, list[float]] = {label: [] for label in steps}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in steps}
     for r in range(payload["warmup"] + payload["rounds"]):
         for label, step in list(steps.items()):
             try:
                 sync()
                 t0 = time.perf_counter()
-                loss = step()
+                loss, mid = step()
                 sync()
-                dt = time.perf_counter() - t0
+                t1 = time.perf_counter()
             except Exception as exc:  # OOM and the like: this case stops, the others go on
                 out[label] = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
                 steps.pop(label)
@@ -84,11 +89,12 @@ def _child(payload: dict) -> dict[str, dict]:
                 out[label] = {"status": "nan", "message": "non-finite loss"}
                 steps.pop(label)
             elif r >= payload["warmup"]:
-                times[label].append(1e3 * dt)
+                times[label].append((1e3 * (mid - t0), 1e3 * (t1 - t0)))
     for label in steps:
-        q25, med, q75 = np.percentile(times[label], [25, 50, 75])
-        out[label] = {"status": "ok", "median_ms": float(med), "q25_ms": float(q25), "q75_ms": float(q75),
-                      "iqr_ms": float(q75 - q25), "message": None}
+        fb, whole = (np.percentile([t[i] for t in times[label]], [25, 50, 75]) for i in (0, 1))
+        out[label] = {"status": "ok", "median_ms": float(fb[1]), "q25_ms": float(fb[0]), "q75_ms": float(fb[2]),
+                      "iqr_ms": float(fb[2] - fb[0]), "step_median_ms": float(whole[1]),
+                      "step_iqr_ms": float(whole[2] - whole[0]), "message": None}
     return out
 
 

@@ -152,7 +152,8 @@ def add_ratios(rows: dict) -> None:
     """Per row: fwd+bwd time and peak memory relative to MHA's case of the same kind."""
     for label, r in rows.items():
         base = rows.get(baseline_label(label), {})
-        for key, out in (("fwd_bwd_ms", "ms_vs_mha"), ("plain_ms", "plain_vs_mha"), ("peak_mib", "mem_vs_mha")):
+        for key, out in (("fwd_bwd_ms", "ms_vs_mha"), ("plain_ms", "plain_vs_mha"), ("plain_step_ms", "step_vs_mha"),
+                         ("peak_mib", "mem_vs_mha")):
             ok = r.get(key) is not None and base.get(key) not in (None, 0)
             r[out] = r[key] / base[key] if ok else None
 
@@ -164,19 +165,20 @@ def table_rows(rows: dict, gemm: float) -> list[list[str]]:
     out = []
     for label, r in rows.items():
         if r.get("status") != "ok":
-            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 13)
+            out.append([label, f"skipped ({str(r.get('status')).upper()}): {r.get('message')}"] + [""] * 15)
             continue
         flag = {True: "UNSTABLE", False: "", None: "n/a"}[r.get("unstable")]
         out.append([label, f(r["params"] / 1e6, ".2f"), f(r["attention_params"] / 1e6, ".2f"),
                     f(r["fwd_gflop"], ".3f"), f(r["fwd_bwd_ms"], ".1f"), f(r["iqr_ms"], ".1f"),
                     f(r.get("ms_vs_mha"), ".2f"), f(r.get("plain_ms"), ".1f"), f(r.get("plain_vs_mha"), ".2f"),
+                    f(r.get("plain_step_ms"), ".1f"), f(r.get("step_vs_mha"), ".2f"),
                     f(100 * r["achieved_gflops"] / gemm, ".1f"), f(r.get("peak_mib"), ".1f"),
                     f(r.get("mem_vs_mha"), ".2f"), f(r.get("aten_ops_meta"), "d"), flag])
     return out
 
 
-HEADER = ["case", "params M", "attn params M", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "plain-loop ms",
-          "plain x MHA", "% GEMM", "peak MiB", "mem x MHA", "ops/step (meta)", "stability"]
+HEADER = ["case", "params M", "attn params M", "fwd GFLOP", "fwd+bwd ms", "IQR ms", "x MHA", "plain fwd+bwd ms",
+          "plain x MHA", "+AdamW ms", "step x MHA", "% GEMM", "peak MiB", "mem x MHA", "ops/step (meta)", "stability"]
 
 
 def markdown(rows: dict, gemm: float, title: str) -> str:
@@ -291,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {label}: peak memory not measured ({res['status']}: {res['message']})", file=sys.stderr)
     if args.plain_loop:  # the speed a user gets: AdamW, zero_grad(set_to_none=True), glibc defaults, fresh process
         for label, res in plain_loop_times(dict(timed), device, args.warmup, args.repeats).items():
-            rows[label].update(plain_ms=res.get("median_ms"), plain_iqr_ms=res.get("iqr_ms"))
+            rows[label].update(plain_ms=res.get("median_ms"), plain_iqr_ms=res.get("iqr_ms"),
+                               plain_step_ms=res.get("step_median_ms"))
             if res["status"] != "ok":
                 print(f"warning: {label}: plain loop not timed ({res['status']}: {res['message']})", file=sys.stderr)
     check_gemm_bound(rows, gemm)
@@ -299,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
 
     mem_label = "CUDA max_memory_allocated" if device.type == "cuda" else "CPU peak RSS increment"
     title = (f"B={args.batch} T={args.seq_len} D={args.d_model} H={args.heads} {args.dtype}; fwd+bwd median (IQR) of "
-             f"{args.repeats} interleaved rounds in the benchmark's timing setting; plain loop = median of a user's "
-             f"AdamW step (zero_grad(set_to_none=True), fwd, bwd, step) in a fresh process with the C library's "
-             f"defaults; memory = {mem_label} of one fwd+bwd step; ratios to MHA's case")
+             f"{args.repeats} interleaved rounds in the benchmark's timing setting; plain = a user's AdamW loop "
+             f"(zero_grad(set_to_none=True), fwd, bwd, step) in a fresh process with the C library's defaults: its "
+             f"fwd+bwd median and its whole step with AdamW; memory = {mem_label} of one fwd+bwd step; ratios to "
+             f"MHA's case")
     print(f"\n{title}")
-    widths = [max([36, *(len(label) for label in rows)]), 8, 13, 10, 11, 8, 7, 14, 12, 7, 9, 10, 15, 9]
+    widths = [max([36, *(len(label) for label in rows)]), 8, 13, 10, 11, 8, 7, 16, 12, 10, 10, 7, 9, 10, 15, 9]
     print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADER, widths))))
     for r in table_rows(rows, gemm):
         if len(r) > 2 and r[2] == "":

@@ -57,7 +57,7 @@ def summary_lines(rows: dict, gemm: float) -> list[str]:
         timed = key != "peak_mib"
         shaky = " (timing unstable)" if timed and (r.get("unstable") or (b or {}).get("unstable")) else ""
         unit = " %" if ref is None else "x"
-        both = (f"{value:.2f}{unit} in the benchmark's setting, {plain:.2f}{unit} in a plain AdamW loop"
+        both = (f"{value:.2f}{unit} in the benchmark's setting, {plain:.2f}{unit} in a plain AdamW loop (fwd+bwd)"
                 if plain is not None else f"{value:.2f}{unit}")
         where = " in the plain loop" if plain is not None else ""
         out.append(f"{what}: {both} (target {op} {bound:g}{unit}): {'meets' if ok else 'misses'} target{where}"
