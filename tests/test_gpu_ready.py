@@ -51,7 +51,8 @@ def test_no_host_synchronisation_in_a_step_on_an_accelerator():
 def test_moa_names_the_expert_path_each_device_and_dtype_takes():
     from attention_zoo.variants.moa import grouped_path
 
-    assert grouped_path("cuda", torch.bfloat16) == grouped_path("cpu", torch.float32) == "grouped GEMM"
+    assert grouped_path("cuda", torch.bfloat16) == "grouped GEMM"
+    assert grouped_path("cpu", torch.float32) == grouped_path("cpu", torch.float64) == "per-expert stream (CPU)"
     assert grouped_path("cuda", torch.float32).startswith("per-expert loop")  # reads group sizes on the host
 
 

@@ -260,19 +260,23 @@ def test_per_head_mask_must_agree_across_heads():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_grouped_gemm_kernel_matches_per_expert_loop(monkeypatch, causal):
-    # float32 runs torch's grouped GEMM (offsets on the device, no host sync); float64 and the forced fallback run
-    # the per-expert loop. Same values and gradients, up to float32 rounding.
+def test_cpu_expert_stream_matches_grouped_gemm_and_per_expert_loop(monkeypatch, causal):
+    # The CPU streams one expert at a time; off the CPU float32/bf16 run torch's grouped GEMM (offsets on the device,
+    # no host sync) and the rest the per-expert loop. All three on the CPU here: same values and gradients, up to
+    # float32 rounding, and the float64 stream is the reference.
     from attention_zoo.variants import moa
 
     m, pad = make("paper", causal), padding()
     x = torch.randn(B, T, D, dtype=torch.float64)
-    assert moa._grouped_kernel_ok(x.float(), (D, m.head_dim)) == hasattr(torch.nn.functional, "grouped_mm")
     want = [t.clone() for t in values_and_grads(m, lambda x: m(x, padding_mask=pad), x)]  # .float() casts grads
     m.float()
-    fast = values_and_grads(m, lambda x: m(x, padding_mask=pad), x.float())
+    stream = values_and_grads(m, lambda x: m(x, padding_mask=pad), x.float())
+    monkeypatch.setattr(moa, "_streams", lambda inp: False)
+    assert moa._grouped_kernel_ok(x.float(), (D, m.head_dim)) == hasattr(torch.nn.functional, "grouped_mm")
+    grouped = values_and_grads(m, lambda x: m(x, padding_mask=pad), x.float())
     monkeypatch.setattr(moa, "_grouped_kernel_ok", lambda a, widths: False)
     loop = values_and_grads(m, lambda x: m(x, padding_mask=pad), x.float())
-    for a, b, c in zip(fast, loop, want):
+    for a, b, c, d in zip(stream, grouped, loop, want):
         assert_close(a, b, rtol=1e-6, atol=1e-6)
-        assert_close(a.double(), c, rtol=1e-4, atol=1e-5)
+        assert_close(a, c, rtol=1e-6, atol=1e-6)
+        assert_close(a.double(), d, rtol=1e-4, atol=1e-5)

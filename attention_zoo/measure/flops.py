@@ -41,7 +41,8 @@ dropout embedding empty empty_like eq erf exp expand expand_as eye feature_dropo
 full full_like gather ge gelu group_norm gt index index_add index_put_ index_select instance_norm isinf isnan
 isneginf layer_norm le linalg_vector_norm log log_softmax logical_and logical_not logical_or logsumexp lt
 masked_fill masked_fill_ masked_scatter max maximum mean min minimum mse_loss mul mul_ ne neg new_ones new_zeros
-norm normal_ numel one_hot ones ones_like pow reciprocal relu repeat repeat_interleave reshape rms_norm rsqrt rsub
+norm normal_ numel one_hot ones ones_like pow reciprocal relu repeat repeat_interleave reshape resolve_conj resolve_neg
+rms_norm rsqrt rsub
 scatter scatter_ scatter_add scatter_add_ scatter_reduce select sigmoid sign silu sin size slice softmax softplus
 sort split sqrt square squeeze stack std sub sub_ sum tanh tensor_split tile topk tril triu true_divide type_as
 unbind unflatten unsqueeze var view view_as where zero_ zeros zeros_like __and__ __or__ __not__ Int Float Bool

@@ -276,8 +276,8 @@ class AttentionBase(nn.Module, abc.ABC):
 
     def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
         """Which implementation runs on ``device`` for inputs of ``dtype``, where that differs by device (THA's and
-        DCMHA's blocked CPU core or batched core, MoA's grouped GEMM or per-expert loop); "" where it does not.
-        Benchmark rows report it, so a ratio says what it measured."""
+        DCMHA's blocked CPU core or batched core, MoA's grouped GEMM, per-expert loop or CPU stream); "" where it
+        does not. Benchmark rows report it, so a ratio says what it measured."""
         return ""
 
     def extra_keep(self, seq_len: int, device: torch.device) -> Tensor | None:
