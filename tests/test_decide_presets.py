@@ -52,6 +52,11 @@ def test_table5_tiny_decide_tunes_on_validation_then_runs_the_seeds_at_the_choic
     val = {c["cell"]["lr"]: next(r["value"] for r in c["rows"] if r["metric"] == "val_loss") for c in tune}
     assert {c["cell"]["lr"] for c in final} == {min(val, key=val.get)}
     assert all(any(r["metric"] == "best_step" for r in c["rows"]) for c in final)
+    for c in final:  # the test loss of the best checkpoint so far at budget fractions; 1.0 is the run's own
+        budget = {r["budget"]: r["value"] for r in c["rows"] if r["metric"] == "test_loss@budget"}
+        assert sorted(budget) == [0.125, 0.25, 0.5, 1.0]
+        assert budget[1.0] == next(r["value"] for r in c["rows"] if r["metric"] == "test_loss")
+    assert not any(r["metric"].endswith("@budget") for c in tune for r in c["rows"])
     md = (tmp_path / "table5_gpt2.md").read_text()
     assert "## Tuning" in md and "## Calibration: test_loss vs the trivial predictor" in md
     assert "n = 2 seeds per arm" in md  # the tables hold the final seeds only
@@ -78,7 +83,12 @@ def test_table6_tiny_decide_tunes_on_validation_then_runs_the_seeds_at_the_choic
     cells = _cells(tmp_path / "table6_vit.jsonl")
     by = {p: [c for c in cells if c["cell"]["phase"] == p] for p in ("tune", "tuned", "shared")}
     assert [len(v) for v in by.values()] == [4, 4, 4]
-    assert all({r["metric"] for r in c["rows"]} & {"top1", "test_loss", "chance_top1"} == set() for c in by["tune"])
+    assert all({r["metric"] for r in c["rows"]} & {"top1", "test_loss", "chance_top1", "top1@budget"} == set()
+               for c in by["tune"])
+    for c in by["tuned"] + by["shared"]:  # top-1 of the best checkpoint so far at budget fractions
+        budget = {r["budget"]: r["value"] for r in c["rows"] if r["metric"] == "top1@budget"}
+        assert sorted(budget) == [0.125, 0.25, 0.5, 1.0]
+        assert budget[1.0] == next(r["value"] for r in c["rows"] if r["metric"] == "top1")
     for arm in ("mha", "damcha"):
         val = {c["cell"]["lr"]: next(r["value"] for r in c["rows"] if r["metric"] == "val_loss")
                for c in by["tune"] if c["cell"]["variant"] == arm}

@@ -38,3 +38,62 @@ def test_patience_needs_evaluations_and_is_left_out_of_old_identities():
         TrainConfig(patience=10, eval_every=0)
     assert "patience" not in result_identity(TrainConfig().to_dict())
     assert result_identity(TrainConfig(patience=10, eval_every=5).to_dict())["patience"] == 10
+
+
+def _budget_run(out, fracs=(0.25, 0.5, 1.0), **kw):
+    """A run whose budget scorer evaluates a held-out stream (the test split's role)."""
+    held_out = WindowEvaluator(STREAM[200:600], 16, 4)
+    calls = []
+
+    def score(net):
+        from attention_zoo.engine import evaluate
+
+        calls.append(1)
+        return {"test": evaluate(net, held_out(None))}
+
+    cfg = TrainConfig(**{**dict(max_steps=40, batch_size=4, lr=3e-2, warmup_steps=0, eval_every=3,
+                                eval_max_batches=1, progress=False, log_every=1), **kw})
+    torch.manual_seed(0)
+    model = Decoder(16, 16, 1, 2, max_seq_len=16)
+    res = train(model, cfg, WindowSampler([STREAM], 16, 4, seed=1), out,
+                {"val": WindowEvaluator(STREAM[:200], 16, 4)}, resume="auto", budget_fracs=fracs,
+                budget_score=score)
+    return res, model, held_out, len(calls)
+
+
+def test_budget_scores_read_the_best_checkpoint_so_far_and_leave_the_run_unchanged(tmp_path):
+    from attention_zoo.engine import evaluate
+
+    res, model, held_out, calls = _budget_run(tmp_path / "a")
+    plain, plain_model, _, _ = _budget_run(tmp_path / "b", fracs=())
+    # the scoring swaps weights in and back and draws nothing from the RNG: the same run to the last bit
+    assert res.step == plain.step == 40 and res.best_step == plain.best_step and res.best_eval == plain.best_eval
+    for a, b in zip(model.state_dict().values(), plain_model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert plain.budget is None and calls == 2 and sorted(res.budget) == [0.25, 0.5]  # 1.0 is the caller's final
+    evals = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if r.get("event") == "eval"]
+    at = {}
+    for frac, (best_step, scores) in res.budget.items():
+        budget_step = round(frac * 40)
+        seen = [r for r in evals if r["step"] <= budget_step]
+        assert best_step == min(seen, key=lambda r: r["loss"])["step"]  # validation picks it, never the scorer
+        if best_step not in at:  # the weights of that step, from a run stopped there (stop_at keeps the schedule)
+            at[best_step] = _budget_run(tmp_path / f"stop{best_step}", fracs=(), stop_at=best_step)[1]
+        assert scores["test"] == pytest.approx(evaluate(at[best_step], held_out(None)), rel=1e-6)
+
+
+def test_budget_scores_survive_a_resume(tmp_path):
+    whole, _, _, _ = _budget_run(tmp_path / "whole")
+    first, _, _, _ = _budget_run(tmp_path / "cut", stop_at=15)  # after the 0.25 budget (step 10), before 0.5
+    assert first.status == "interrupted" and sorted(first.budget) == [0.25]
+    rest, _, _, calls = _budget_run(tmp_path / "cut")  # resumed: 0.25 comes from the checkpoint, 0.5 is scored
+    assert calls == 1 and rest.budget.keys() == whole.budget.keys()
+    for f in whole.budget:
+        assert rest.budget[f][0] == whole.budget[f][0]
+        assert rest.budget[f][1]["test"] == pytest.approx(whole.budget[f][1]["test"], rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [(0.0,), (1.5,), ("half",), (True,)])
+def test_budget_fractions_are_checked(tmp_path, bad):
+    with pytest.raises(ValueError, match="^budget_fracs:"):
+        _budget_run(tmp_path, fracs=bad)

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..envinfo import set_seed
 from ..io import append_jsonl
-from .checkpoint import CheckpointManager, rng_state, set_rng_state, strip_prefixes
+from .checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state, strip_prefixes
 from .config import NEUTRAL, TrainConfig
 from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
 
@@ -49,6 +49,9 @@ class TrainResult:
     signal: int | None = None  # the signal that stopped the run, if any
     sync_diff: float | None = None  # DDP: max parameter-checksum difference between ranks at the end
     best_step: int | None = None  # the step of the best evaluation (best.pt)
+    # budget fraction -> (the best validation checkpoint's step so far, ``budget_score`` of that checkpoint), for the
+    # fractions of ``max_steps`` the run reached before it ended (the caller scores the rest at the final best)
+    budget: dict[float, tuple[int, dict[str, float]]] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -184,18 +187,25 @@ def _accumulate(net: nn.Module, local: Batch, cfg: TrainConfig, dev: torch.devic
 def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Batch], out_dir: str | Path,
           eval_sets: dict[str, Callable[[int | None], Iterable[Batch]]] | None = None,
           loss_fn: Callable = lm_loss, resume: str | Path | None = None, info: DistInfo | None = None,
-          meta: dict | None = None, desc: str = "train") -> TrainResult:
+          meta: dict | None = None, desc: str = "train", budget_fracs: tuple[float, ...] = (),
+          budget_score: Callable[[nn.Module], dict[str, float]] | None = None) -> TrainResult:
     """Train ``model`` for ``cfg.max_steps`` optimizer steps; rank 0 writes ``metrics.jsonl`` and ``checkpoints/``.
 
     ``eval_sets`` maps a name to ``fn(limit) -> batches`` (``limit``: at most that many batches, None = all).
     ``resume``: None (fresh), ``"auto"`` (newest valid checkpoint in ``out_dir``, else fresh) or a path.
     ``meta`` is stored in the checkpoint (e.g. the model's constructor arguments).
+    ``budget_fracs`` with ``budget_score(model) -> {metric: value}``: at each fraction f of ``max_steps`` below the
+    end, the best validation checkpoint so far is scored (the same run seen at a smaller budget; a test split is
+    read only there, after the setting is chosen). The scoring leaves the run's numbers unchanged: the weights
+    are swapped back, and nothing draws from the RNG. ``TrainResult.budget`` holds the fractions reached.
 
     Raises:
         FileNotFoundError: ``resume`` names a checkpoint that does not exist.
         CheckpointError: ``resume`` names a truncated or corrupt checkpoint.
-        ValueError: a global batch that does not split evenly over ranks × ``grad_accum``, or an empty eval set.
+        ValueError: a global batch that does not split evenly over ranks × ``grad_accum``, or an empty eval set;
+            ``budget_fracs`` outside (0, 1], or given without ``budget_score`` or ``eval_sets``.
     """
+    budget_steps = _budget_steps(budget_fracs, budget_score, eval_sets, cfg.max_steps)
     info = info or DistInfo()
     out_dir, dev = Path(out_dir), info.device
     log_path = out_dir / "metrics.jsonl"
@@ -210,6 +220,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             append_jsonl(log_path, row)
 
     step, tokens_seen, train_time, best, best_step, stopped_early = 0, 0, 0.0, None, 0, False
+    budget: dict[float, tuple[int, dict[str, float]]] = {}
+    best_weights: dict[str, Tensor] | None = None  # the best checkpoint's weights, kept only for budget scoring
     ckpt_path, state = ckpts.resolve(resume)  # on CPU; load_state_dict copies onto the parameters' device
     if state is not None:
         raw.load_state_dict(strip_prefixes(state["model"]))
@@ -219,6 +231,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                                                state["best_eval"])
         best_step = state.get("best_step", step)  # checkpoints written before early stopping existed lack it
         stopped_early = bool(state.get("early_stopped"))  # a run that early-stopped is finished: no more steps
+        budget = {float(f): (int(b), dict(sc)) for f, b, sc in state.get("budget", [])}
         if hasattr(train_batches, "load_state_dict") and state["data"].get("sampler") is not None:
             train_batches.load_state_dict(state["data"]["sampler"])
         rngs = state["rng"]
@@ -242,10 +255,11 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 else None}
         return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "step": step, "tokens_seen": tokens_seen, "train_time_s": train_time, "best_eval": best,
-                "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {}, **extra}
+                "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {},
+                "budget": [[f, b, sc] for f, (b, sc) in sorted(budget.items())], **extra}
 
     def run_evals() -> dict[str, float]:
-        nonlocal best, best_step
+        nonlocal best, best_step, best_weights
         res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
         for name, v in res.items():
             log({"event": "eval", "step": step, "eval_set": name, "loss": v})
@@ -255,7 +269,25 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             state = snapshot()
             if info.is_main:
                 ckpts.save_best(state)
+            if budget_steps:
+                best_weights = {k: v.detach().clone() for k, v in raw.state_dict().items()}
         return res
+
+    def score_budget(fracs: tuple[float, ...]) -> None:
+        nonlocal best_weights
+        if best_weights is None and best is not None:  # resumed: the best so far is best.pt's
+            best_weights = strip_prefixes(load_checkpoint(ckpts.best_path)["model"])
+        current = None
+        if best_weights is not None and best_step != step:  # score the best checkpoint, then put this step's back
+            current = {k: v.detach().clone() for k, v in raw.state_dict().items()}
+            raw.load_state_dict(best_weights)
+        scores = budget_score(raw)
+        if current is not None:
+            raw.load_state_dict(current)
+        raw.train()
+        for frac in fracs:
+            budget[frac] = (best_step, scores)
+            log({"event": "budget", "step": step, "fraction": frac, "best_step": best_step, **scores})
 
     net = raw
     evals: dict[str, float] = {}
@@ -306,6 +338,10 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 bar.set_postfix(loss=f"{loss_v:.4f}")
             if eval_sets and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
                 evals = run_evals()
+            if step in budget_steps and budget_steps[step][0] not in budget:
+                if best is None:  # no evaluation yet: the budget's best checkpoint is this step's
+                    evals = run_evals()
+                score_budget(budget_steps[step])
             # early stopping (patience in steps since the best evaluation): a finished run, its best in best.pt
             if cfg.patience and evals and step - best_step >= cfg.patience and step < cfg.max_steps:
                 log({"event": "early_stop", "step": step, "best_step": best_step, "best_eval": best})
@@ -329,4 +365,19 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
     log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
          "train_time_s": train_time})
     return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync,
-                       best_step if best is not None else None)
+                       best_step if best is not None else None, budget if budget_steps else None)
+
+
+def _budget_steps(fracs, score, eval_sets, max_steps: int) -> dict[int, tuple[float, ...]]:
+    """{step: its fractions} of the budget fractions scored during the run (those below ``max_steps``)."""
+    fracs = tuple(fracs or ())
+    for f in fracs:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ValueError(f"budget_fracs: expected fractions in (0, 1], got {f!r}")
+    if fracs and (score is None or not eval_sets):
+        raise ValueError("budget_fracs: needs budget_score and eval_sets (the best validation checkpoint is scored)")
+    steps: dict[int, tuple[float, ...]] = {}
+    for f in sorted(set(fracs)):  # several fractions can round to one step (short runs): scored once
+        s = max(1, round(f * max_steps))
+        steps[s] = (*steps.get(s, ()), float(f))
+    return {s: f for s, f in steps.items() if s < max_steps}

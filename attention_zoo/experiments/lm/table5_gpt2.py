@@ -130,6 +130,9 @@ PRESETS = {
 DECIDE_ARMS = "mha,dcmha,damcha,mha_pm,mha_ctx,damcha_bm"
 TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.01, 0.1), tune_seeds=(1000, 1001),
                            seeds=tuple(range(10)), shared=None)}
+# Fractions of max_steps at which a final cell's test loss is read at the best validation checkpoint so far (the same
+# run seen at smaller budgets: does the answer move with training?); 1.0 is the run's own result.
+BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
 
 
 def build_parser():
@@ -219,9 +222,17 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
     base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
     if fresh and info.is_main:
         discard_run(run_dir)
+    fracs = BUDGET_FRACS.get(cell["preset"], ()) if cell.get("phase") != "tune" else ()  # tuning: validation only
+
+    def test_losses(net) -> dict[str, float]:  # the test split as the final score reads it (the mix: its mean)
+        losses = {name: evaluate(net, ev(final_eval_batches), info=info, amp=cfg.amp)
+                  for name, ev in evaluators["test"].items()}
+        return {**losses, cell["dataset"]: sum(losses.values()) / len(losses)}
+
     res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets=evaluators["val"],
                 resume=None if fresh else "auto", info=info, meta={"cell": cell, "attention_options": opts},
-                desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}")
+                desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}", budget_fracs=fracs,
+                budget_score=test_losses if fracs else None)
     common = {"attention_options": json.dumps(opts, default=str), "context": preset.context,
               "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
     if res.status == "interrupted":
@@ -262,6 +273,11 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                 parts = [name] if ev else list(sets)  # the mix: the mean of its parts, as its loss
                 trivial = sum(corpus.unigram_loss(split, p) for p in parts) / len(parts)
                 rows.append({"metric": "trivial_loss", "value": trivial, "unit": "nats", **where})
+        if split == "test":  # budget fractions the run did not reach (it stopped early): its final best stands
+            for f in fracs:
+                best_step, scores = (res.budget or {}).get(f, (res.best_step, losses))
+                rows.append({"metric": "test_loss@budget", "budget": f, "value": scores[cell["dataset"]],
+                             "unit": "nats", "eval_set": cell["dataset"], "best_step_so_far": best_step})
     return [{**common, **r} for r in rows], res
 
 
@@ -294,7 +310,8 @@ def _setup(args, info: DistInfo):
     context = run_context(args, info.device,
                           selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs"),
                           train_config=result_identity(cfg.to_dict()), preset=asdict(preset),
-                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}))
+                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}),
+                          **({"budget_fracs": BUDGET_FRACS[args.preset]} if args.preset in BUDGET_FRACS else {}))
     return preset, datasets, cfg, final_batches, pairs, Path(args.out), env, context
 
 

@@ -88,6 +88,9 @@ TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.05, 0.2), tu
                            seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05})}
 VAL_HOLDOUT = {"decide": 0.2}  # of the training images: the tuned presets' validation split
 PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the best validation loss
+# Fractions of a final cell's step budget at which its test top-1 is read at the best validation checkpoint so far
+# (the same run seen at smaller budgets); 1.0 is the run's own result.
+BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
 
 
 def build_parser():
@@ -178,11 +181,17 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
     validator = data.validator(preset.eval_batch_size, info) if phase else evaluator
     if fresh and info.is_main:
         discard_run(run_dir)
+    fracs = BUDGET_FRACS.get(cell["preset"], ()) if phase and phase != "tune" else ()  # tuning: validation only
+
+    def test_top1(net) -> dict[str, float]:
+        return {"top1": evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)["top1"]}
+
     try:
         res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": validator},
                     loss_fn=classification_loss, resume=None if fresh else "auto", info=info,
                     meta={"cell": cell, "attention_options": opts},
-                    desc=f"{variant}/{flavor}/e{cell['epochs']}/s{seed}")
+                    desc=f"{variant}/{flavor}/e{cell['epochs']}/s{seed}", budget_fracs=fracs,
+                    budget_score=test_top1 if fracs else None)
     finally:
         sampler.close()
     if res.status == "interrupted":
@@ -214,6 +223,10 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
              {"metric": "test_loss" if phase else "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
     if data.chance_top1 is not None:  # the learned-at-all gate's reference
         rows.append({"metric": "chance_top1", "value": data.chance_top1, "unit": "%", "n_eval": acc["n"]})
+    for f in fracs:  # budget fractions the run did not reach (it stopped early): its final best stands
+        best_step, scores = (res.budget or {}).get(f, (res.best_step, acc))
+        rows.append({"metric": "top1@budget", "budget": f, "value": scores["top1"], "unit": "%", "n_eval": acc["n"],
+                     "best_step_so_far": best_step})
     return [{**common, **r} for r in rows], res
 
 
@@ -243,7 +256,8 @@ def _setup(args, info: DistInfo):
                           selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs"),
                           preset=asdict(preset), train_overrides=result_identity(overrides),
                           **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"},
-                              "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset]}
+                              "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset],
+                              "budget_fracs": BUDGET_FRACS[args.preset]}
                              if tuning else {}))
     return preset, pairs, attn_options, overrides, data, batch, Path(args.out), env, context
 
