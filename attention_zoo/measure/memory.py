@@ -10,6 +10,9 @@ increment for ``max_memory_reserved`` (the caching allocator's segments; it excl
 With ``optimizer_in_region=True`` (the default, as the DAMCHA authors' profiler) AdamW is created inside the
 region, so its state (2 × parameters) is counted together with the gradients.
 
+Memory a module keeps between its steps (the head-mixed cores' workspaces) is dropped after the warm-up, so the
+measured step allocates it again and counts it.
+
 CPU, in a fresh process per measurement: build, warm up, ``malloc_trim``, read ``VmRSS`` (baseline), write 5 to
 ``/proc/self/clear_refs`` (resets the high-water mark), run the step, read ``VmHWM``; ``peak_rss_mib = VmHWM −
 baseline``. glibc's mmap threshold is pinned so freed large tensors go back to the OS. RSS includes allocator
@@ -38,6 +41,7 @@ import torch
 from .. import plugins
 from ..checks import check_positive_int
 from ..registry import get_attention_spec
+from ..variants.headmix_workspace import release_workspaces
 from ..workers import child_preexec, die_with_parent
 from .latency import step_fn
 from .status import check_finite, guarded, short_message
@@ -122,6 +126,7 @@ class _Step:
             if self.opt is not None:
                 self.opt.step()
         self.wl.zero_grad()
+        release_workspaces(self.wl.model)  # memory a module keeps between steps is allocated (counted) in the step
 
     def __call__(self):
         """The step; returns its output (forward) or loss, for ``check_finite`` after the peak is read."""

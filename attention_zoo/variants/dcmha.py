@@ -10,6 +10,7 @@ from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 from .headmix_batched import use_batched
+from .headmix_workspace import Workspace
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
 
@@ -108,6 +109,7 @@ class DynamicallyComposableMHA(AttentionBase):
         super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
         self.rank = check_positive_int("rank", rank)
         self.query_chunk = check_positive_int("query_chunk", query_chunk)
+        self.workspace = Workspace()  # the CPU core's memory kept between steps (not state: not saved or moved)
         self.gelu_approximate = check_choice("gelu_approximate", gelu_approximate, ("tanh", "none"))  # F.gelu's
         switches = {"use_static": use_static, "pre_compose": pre_compose, "post_compose": post_compose,
                     "query_wise": query_wise, "key_wise": key_wise}  # fmt: skip
@@ -190,7 +192,7 @@ class DynamicallyComposableMHA(AttentionBase):
                 static = [self.static[self.stages.index(stage)]] if self.use_static else []
                 stages += [MixStage(True, self.use_static, bool(qw), bool(kw)), [*static, *qw, *kw]]
             out = mixed_attention(q, k, v, masks, *stages, chunk=self.query_chunk,
-                                  dropout=self.dropout_p if self.training else 0.0)
+                                  dropout=self.dropout_p if self.training else 0.0, workspace=self.workspace)
             return self.out_proj(self.merge_heads(out))
         if self.flavor == "damcha_repo":
             alpha = torch.softmax(self.router(x).view(B, T, self.n_heads, self.n_heads), dim=2)  # (B, T, in, out)

@@ -29,6 +29,7 @@ breaks nor grows with T, and inductor compiles the layer around it (see "the cor
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -37,8 +38,17 @@ from torch import Tensor
 
 from .base import Masks, autocast_cast, autocast_enabled, autocast_off
 from .headmix_batched import batched_attention, use_batched
-from .headmix_native import _fused_backward, _fused_forward, _fused_lib, _native_backward, _native_forward, _native_lib
+from .headmix_native import (
+    _fused_backward,
+    _fused_forward,
+    _fused_lib,
+    _native_backward,
+    _native_forward,
+    _native_lib,
+    _observed,
+)
 from .headmix_ops import _Stage, mix_heads, rezero, softmax_fp32  # noqa: F401  (softmax_fp32: imported from here by THA, DCMHA)
+from .headmix_workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -147,15 +157,17 @@ def _key_project(a: Tensor, w: Tensor) -> Tensor:
     return out
 
 
-def _stage_forward(st: _Stage, a: Tensor, rows: slice, cols: int, mix) -> tuple[Tensor, Tensor | None]:
-    """One mixing stage on a block a [B,H,c,S'] (query rows ``rows``, keys [0, cols)) -> (out, key projections)."""
+def _stage_forward(st: _Stage, a: Tensor, rows: slice, cols: int, mix, into: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
+    """One mixing stage on a block a [B,H,c,S'] (query rows ``rows``, keys [0, cols)) -> (out, key projections).
+    ``into``: scratch the static mix may write its result into (``_mix``)."""
     lib = _native_lib(st, a, mix)
     if lib is not None:
         return _native_forward(lib, st, a, rows), None
     if st.qmat is not None:
         out = _rows_matmul(st.qmat[:, rows], a)
     elif st.mixmat is not None:
-        out = mix(st.mixmat, a)
+        out = _mix(mix, st.mixmat, a, into)
     elif st.copy:
         out = a.clone()
     else:
@@ -171,9 +183,9 @@ def _stage_forward(st: _Stage, a: Tensor, rows: slice, cols: int, mix) -> tuple[
 
 
 def _stage_backward(st: _Stage, a: Tensor, g: Tensor, low: Tensor | None, rows: slice, cols: int, mix,
-                    grads: list) -> Tensor:
+                    grads: list, into: Tensor | None = None) -> Tensor:
     """∂/∂a of one stage (the transposed map) and its weight gradients, accumulated into ``grads``
-    ([qmat, mixmat, k1, k2, kdd], None where absent)."""
+    ([qmat, mixmat, k1, k2, kdd], None where absent); ``into`` as in ``_stage_forward``."""
     lib = _native_lib(st, a, mix)
     if lib is not None and g.stride(-1) == 1:
         return _native_backward(lib, st, a, g, rows, cols, grads)
@@ -183,7 +195,7 @@ def _stage_backward(st: _Stage, a: Tensor, g: Tensor, low: Tensor | None, rows: 
         g_a = _rows_matmul(st.qmat[:, rows].transpose(-1, -2), g)
         _rows_gram(g, a, grads[0][:, rows])
     elif st.mixmat is not None:
-        g_a = mix(st.mixmat.transpose(0, 1), g)
+        g_a = _mix(mix, st.mixmat.transpose(0, 1), g, into)
         B, H = a.shape[:2]
         gs = torch.bmm(g.reshape(B, H, -1), a.reshape(B, H, -1).transpose(1, 2)).sum(0)  # (H_out, H_in)
         grads[1] += gs
@@ -206,6 +218,34 @@ def _stage_backward(st: _Stage, a: Tensor, g: Tensor, low: Tensor | None, rows: 
     return g_a
 
 
+def _mix(mix, weight: Tensor, a: Tensor, into: Tensor | None) -> Tensor:
+    """``mix(weight, a)``, written into ``into`` when given and the mix is the module's own (a caller's hook is
+    called as it is)."""
+    if into is None or mix is not mix_heads:
+        return mix(weight, a)
+    return mix_heads(weight, a, out=into)
+
+
+def _take(scratch, name: str, a: Tensor) -> Tensor | None:
+    """A kept scratch block of ``a``'s shape and dtype, or None without a workspace."""
+    return None if scratch is None else scratch(name, tuple(a.shape), a)
+
+
+def _qk(q_c: Tensor, k_c: Tensor, scratch, name: str) -> Tensor:
+    """The block's logits q kᵀ [B,H,c,S'], into kept scratch when there is a workspace."""
+    if scratch is None:
+        return q_c @ k_c.transpose(-1, -2)
+    out = scratch(name, (*q_c.shape[:3], k_c.shape[2]), q_c)
+    return torch.matmul(q_c, k_c.transpose(-1, -2), out=out)
+
+
+def _softmax_into(scores: Tensor, slot: Tensor) -> Tensor:
+    """The softmax written straight into the saved slot where the layouts allow, else computed and copied."""
+    if scores.is_contiguous() and scores.dtype in (torch.float32, torch.float64) and scores.dtype == slot.dtype:
+        return torch.ops.aten._softmax.out(scores, -1, False, out=slot)
+    return slot.copy_(_softmax_rows(scores))
+
+
 def _softmax_rows(scores: Tensor) -> Tensor:
     """``softmax_fp32`` on the layout the block is stored in (a [B,c,H,S] block stays one: no copy)."""
     t = scores.transpose(1, 2)
@@ -214,9 +254,12 @@ def _softmax_rows(scores: Tensor) -> Tensor:
     return softmax_fp32(scores)
 
 
-def _softmax_grad(g: Tensor, w: Tensor) -> Tensor:
+def _softmax_grad(g: Tensor, w: Tensor, into: Tensor | None = None) -> Tensor:
     """w ⊙ (g - Σ_s g ⊙ w), the softmax backward, as ATen's fused kernel (one pass; autograd's own) on the layout
-    both blocks are stored in; the explicit in-place formula when their layouts differ."""
+    both blocks are stored in; the explicit in-place formula when their layouts differ. ``into``: scratch of the
+    [B,H,c,S'] layout (not aliasing g) the kernel may write into."""
+    if into is not None and g.is_contiguous() and w.is_contiguous():
+        return torch.ops.aten._softmax_backward_data.out(g, w, -1, w.dtype, grad_input=into)
     for gv, wv in ((g, w), (g.transpose(1, 2), w.transpose(1, 2))):
         if gv.is_contiguous() and wv.is_contiguous():
             out = torch._softmax_backward_data(gv, wv, -1, wv.dtype)
@@ -237,11 +280,20 @@ def _mask_(scores: Tensor, masks: Masks, neg: float) -> Tensor:
 
 class _MixedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cfg, masks: Masks, q: Tensor, k: Tensor, v: Tensor, *tensors: Tensor) -> Tensor:
+    def forward(ctx, cfg, ws: Workspace | None, masks: Masks, q: Tensor, k: Tensor, v: Tensor, *tensors: Tensor
+                ) -> Tensor:
         pre, post, chunk, drop_p, mix, rz = cfg
         pre_s, post_s = _stages(pre, post, tensors)
-        out, saved = _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save=True)
-        ctx.cfg, ctx.masks, ctx.n_tensors = cfg, masks, len(tensors)
+        store, ctx.leases = None, ()
+        if ws is not None:  # the saved blocks go into a kept buffer, leased to this graph (headmix_workspace)
+            shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            w_all, w_lease = ws.saved(shape, q.dtype, q.device)
+            keep_all, k_lease = ws.saved(shape, torch.bool, q.device) if drop_p else (None, None)
+            store, ctx.leases = (w_all, keep_all), (w_lease, k_lease)
+        with ws.scratch() if ws is not None else contextlib.nullcontext() as scratch:
+            out, saved = _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save=True,
+                                         store=store, scratch=scratch)
+        ctx.cfg, ctx.ws, ctx.masks, ctx.n_tensors = cfg, ws, masks, len(tensors)
         ctx.save_for_backward(q, k, v, *tensors, *[t for block in saved for t in block])
         return out
 
@@ -253,14 +305,16 @@ class _MixedAttention(torch.autograd.Function):
         tensors = saved[3 : 3 + ctx.n_tensors]
         blocks = saved[3 + ctx.n_tensors :]
         pre_s, post_s = _stages(pre, post, tensors)
-        grads = _backward_blocks(grad_out, q, k, v, ctx.masks, pre_s, post_s, chunk, drop_p, mix, rz,
-                                 [blocks[i : i + 2] for i in range(0, len(blocks), 2)])
-        return (None, None, *grads)
+        with ctx.ws.scratch() if ctx.ws is not None else contextlib.nullcontext() as scratch:
+            grads = _backward_blocks(grad_out, q, k, v, ctx.masks, pre_s, post_s, chunk, drop_p, mix, rz,
+                                     [blocks[i : i + 2] for i in range(0, len(blocks), 2)], scratch)
+        return (None, None, None, *grads)
 
 
-def _backward_blocks(grad_out, q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, blocks) -> list:
+def _backward_blocks(grad_out, q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, blocks, scratch=None) -> list:
     """Gradients [gq, gk, gv, *pre stage tensors, *post stage tensors] (None where a tensor is absent), block by
-    block from the saved (w, keep) pairs: the logits and the mixes are recomputed."""
+    block from the saved (w, keep) pairs: the logits and the mixes are recomputed. ``scratch`` (a workspace's):
+    the stage-by-stage path writes its block temporaries there, three named buffers whose uses never overlap."""
     g_pre = [] if pre_s is None else [None if t is None else torch.zeros_like(t) for t in pre_s.tensors]
     g_post = [] if post_s is None else [None if t is None else torch.zeros_like(t) for t in post_s.tensors]
     gq, gk, gv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -276,33 +330,37 @@ def _backward_blocks(grad_out, q, k, v, masks, pre_s, post_s, chunk, drop_p, mix
         lib = _fused_lib(pre_s, post_s, w, m, drop_p, mix, rz)
         if lib is not None:  # one native pass per row: post-mix again, its backward, softmax's, the pre-mix's
             g_o = grad_out[:, :, rows]
-            a0 = q_c @ k_c.transpose(-1, -2) if pre_s is not None else None  # recomputed logits (B, H, c, S')
-            p, g_l = _fused_backward(lib, pre_s, post_s, a0, w, g_o @ v_c.transpose(-1, -2), rows, cols, g_pre, g_post)
+            a0 = _qk(q_c, k_c, scratch, "b") if pre_s is not None else None  # recomputed logits (B, H, c, S')
+            into = None if scratch is None else (_take(scratch, "c", w), _take(scratch, "d", w))
+            p, g_l = _fused_backward(lib, pre_s, post_s, a0, w, _qk(g_o, v_c, scratch, "a"), rows, cols, g_pre,
+                                     g_post, into)
             gv[:, :, :cols] += _head_matmul_t(p, g_o)
             gq[:, :, rows] = _head_matmul(g_l, k_c)
             gk[:, :, :cols] += _head_matmul_t(g_l, q_c)
             continue
-        # the post-mixed weights and their key projections, recomputed from w
-        p, low_post = _stage_forward(post_s, w, rows, cols, mix) if post_s is not None else (w, None)
+        # the post-mixed weights and their key projections, recomputed from w (scratch: p "a", g_p "b", the post
+        # stage's gradient "c", g_l "a", the logits "b", the pre stage's gradient "c")
+        p, low_post = (_stage_forward(post_s, w, rows, cols, mix, _take(scratch, "a", w)) if post_s is not None
+                       else (w, None))
         p = rz(p, m)
         if keep is not None:
             p = p * keep * scale
         g_o = grad_out[:, :, rows]
         gv[:, :, :cols] += _head_matmul_t(p, g_o)
-        g_p = g_o @ v_c.transpose(-1, -2)  # (B, H, c, S')
+        g_p = _qk(g_o, v_c, scratch, "b")  # (B, H, c, S')
         if keep is not None:
             g_p.mul_(keep).mul_(scale)
         g_p = _rezero_grad(g_p, m)
         if post_s is not None:
-            g_p = _stage_backward(post_s, w, g_p, low_post, rows, cols, mix, g_post)
-        g_l = _softmax_grad(g_p, w)  # w ⊙ (g - Σ_s g w)
+            g_p = _stage_backward(post_s, w, g_p, low_post, rows, cols, mix, g_post, _take(scratch, "c", w))
+        g_l = _softmax_grad(g_p, w, _take(scratch, "a", w))  # w ⊙ (g - Σ_s g w)
         if m.dead is not None:  # dead rows had their logits replaced by 0: no gradient
             g_l.masked_fill_(m.dead, 0.0)
         if pre_s is not None:
-            a0 = q_c @ k_c.transpose(-1, -2)  # recomputed logits (B, H, c, S')
+            a0 = _qk(q_c, k_c, scratch, "b")  # recomputed logits (B, H, c, S')
             low_pre = (_key_project(a0, pre_s.k1[..., :cols]) if pre_s.k1 is not None
                        and _native_lib(pre_s, a0, mix) is None else None)  # the kernel forms its own
-            g_l = _stage_backward(pre_s, a0, g_l, low_pre, rows, cols, mix, g_pre)
+            g_l = _stage_backward(pre_s, a0, g_l, low_pre, rows, cols, mix, g_pre, _take(scratch, "c", w))
         gq[:, :, rows] = _head_matmul(g_l, k_c)
         gk[:, :, :cols] += _head_matmul_t(g_l, q_c)
     return [gq, gk, gv, *g_pre, *g_post]
@@ -349,8 +407,10 @@ def _block_masks(masks: Masks, rows: slice, cols: int) -> Masks:
                  masks.causal_only)
 
 
-def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save, store=None):
+def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save, store=None, scratch=None):
     """The blocks of query rows; with ``save``, per block the softmax output w and the dropout keep mask (or None).
+    ``store``: packed [B,H,T,S] outputs the saved blocks are written into; ``scratch`` (a workspace's): where the
+    block temporaries go (the logits "a", the pre-mixed logits "b", the post-mixed weights "c").
 
     Nothing else is kept for backward: it recomputes the logits (a GEMM) and the mixes. Every saved byte is fresh
     memory on each step (page faults on first touch), which costs more than recomputing from q, k and w."""
@@ -362,16 +422,21 @@ def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save,
         rows = slice(t0, min(t0 + chunk, T))
         cols = _key_cols(masks, rows, S)
         m = _block_masks(masks, rows, cols)
-        a0 = q[:, :, rows] @ k[:, :, :cols].transpose(-1, -2)  # (B, H, c, S')
+        a0 = _qk(q[:, :, rows], k[:, :, :cols], scratch, "a")  # (B, H, c, S')
         lib = _fused_lib(pre_s, post_s, a0, m, drop_p, mix, rz)
         if lib is not None:  # one native pass per row: pre-mix, mask, softmax, post-mix
-            w = _slot(store[0], offset, a0.shape) if save and store is not None else torch.empty_like(a0)
-            p = _fused_forward(lib, pre_s, post_s, a0, m, rows, w)
+            w = (_slot(store[0], offset, a0.shape) if save and store is not None
+                 else _take(scratch, "b", a0) if not save and scratch is not None else torch.empty_like(a0))
+            p = _fused_forward(lib, pre_s, post_s, a0, m, rows, w, _take(scratch, "c", a0))
         else:
-            logits, low_pre = _stage_forward(pre_s, a0, rows, cols, mix) if pre_s is not None else (a0, None)
+            logits, low_pre = (_stage_forward(pre_s, a0, rows, cols, mix, _take(scratch, "b", a0))
+                               if pre_s is not None else (a0, None))
             # finite negative after the pre-mix: nothing -inf is ever mixed
-            w = _softmax_rows(_mask_(logits, m, torch.finfo(logits.dtype).min))  # (B, H, c, S')
-            p = rz(_stage_forward(post_s, w, rows, cols, mix)[0] if post_s is not None else w, m)
+            logits = _mask_(logits, m, torch.finfo(logits.dtype).min)
+            w = (_softmax_into(logits, _slot(store[0], offset, logits.shape)) if save and store is not None
+                 else _softmax_rows(logits))  # (B, H, c, S')
+            p = rz(_stage_forward(post_s, w, rows, cols, mix, _take(scratch, "c", w))[0] if post_s is not None
+                   else w, m)
         keep = None
         if drop_p:
             keep = torch.empty(p.shape, dtype=p.dtype, device=p.device).bernoulli_(1.0 - drop_p)  # nn.Dropout's
@@ -390,7 +455,7 @@ def _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, drop_p, mix, rz, save,
 
 def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage | None, pre_tensors: list,
                     post: MixStage | None, post_tensors: list, *, chunk: int, dropout: float, mix=mix_heads,
-                    rezero_fn=rezero) -> Tensor:
+                    rezero_fn=rezero, workspace: Workspace | None = None) -> Tensor:
     """Head-mixed attention core: q [B,H,T,dh] (pre-scaled), k [B,H,S,dh], v [B,H,S,dv] -> [B,H,T,dv].
 
     ``mix`` and ``rezero_fn`` are the caller's static head mix and re-zeroing (THA passes its module's own, which
@@ -404,7 +469,9 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
         q, k, v, *tensors = autocast_cast(q, k, v, *pre_tensors, *post_tensors)
         with autocast_off(q.device.type):
             return mixed_attention(q, k, v, masks, pre, tensors[:n_pre], post, tensors[n_pre:], chunk=chunk,
-                                   dropout=dropout, mix=mix, rezero_fn=rezero_fn)
+                                   dropout=dropout, mix=mix, rezero_fn=rezero_fn, workspace=workspace)
+    if workspace is not None and (torch.compiler.is_compiling() or _observed()):
+        workspace = None  # compiled: the custom op; counted or traced: the plain ops, not their out= forms
     batched = use_batched(q.device)
     pre_s, post_s = _prepare(pre, pre_tensors, not batched), _prepare(post, post_tensors, not batched)
     if batched:  # off the CPU: a few large kernels instead of the blocked loops' many small ones
@@ -416,8 +483,10 @@ def mixed_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: MixStage
     cfg = (None if pre_s is None else pre_s.copy, None if post_s is None else post_s.copy, chunk, dropout, mix,
            rezero_fn)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors) if t is not None):
-        return _MixedAttention.apply(cfg, masks, q, k, v, *tensors)
-    return _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, dropout, mix, rezero_fn, save=False)[0]
+        return _MixedAttention.apply(cfg, workspace, masks, q, k, v, *tensors)
+    with workspace.scratch() if workspace is not None else contextlib.nullcontext() as scratch:
+        return _forward_blocks(q, k, v, masks, pre_s, post_s, chunk, dropout, mix, rezero_fn, save=False,
+                               scratch=scratch)[0]
 
 
 # ---- the core as one custom op (torch.compile) -----------------------------------------------------------------

@@ -114,10 +114,12 @@ def _masks_struct(m: Masks) -> native.Masks:
     return native.Masks(*keep, *bias)
 
 
-def _fused_forward(lib, pre_s, post_s, a0: Tensor, m: Masks, rows: slice, w: Tensor) -> Tensor:
-    """One block's w = softmax(mask(pre(a0))) into ``w`` and p = post(w), returned (w itself without a post stage)."""
+def _fused_forward(lib, pre_s, post_s, a0: Tensor, m: Masks, rows: slice, w: Tensor,
+                   p_into: Tensor | None = None) -> Tensor:
+    """One block's w = softmax(mask(pre(a0))) into ``w`` and p = post(w), returned (w itself without a post stage);
+    ``p_into``: a contiguous block of w's shape p may be written into (a workspace's scratch)."""
     B, H, c, S = a0.shape
-    p = torch.empty_like(w) if post_s is not None else w
+    p = w if post_s is None else p_into if p_into is not None else torch.empty_like(w)
     stages = [None if st is None else ctypes.byref(_native_stage(st, rows)) for st in (pre_s, post_s)]
     getattr(lib, f"fused_forward_{_DTYPES[a0.dtype]}")(
         *stages, H, _rank(pre_s), _rank(post_s), S, B, c, torch.get_num_threads(), a0.data_ptr(), _layout(a0),
@@ -154,12 +156,14 @@ def _reduce_grads(bufs: dict | None, grads: list, cols: int) -> None:
 
 
 def _fused_backward(lib, pre_s, post_s, a0: Tensor | None, w: Tensor, g_p: Tensor, rows: slice, cols: int,
-                    g_pre: list, g_post: list) -> tuple[Tensor, Tensor]:
-    """One block's backward chain: (p recomputed, ∂a0), the stages' weight gradients accumulated."""
+                    g_pre: list, g_post: list, into: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """One block's backward chain: (p recomputed, ∂a0), the stages' weight gradients accumulated; ``into``: two
+    contiguous blocks of w's shape, aliasing none of the inputs, for p and ∂a0 (a workspace's scratch)."""
     B, H, c, S = w.shape
     n = torch.get_num_threads()
-    p = torch.empty_like(w) if post_s is not None else w
-    ga = torch.empty_like(w)
+    p_into, ga_into = into if into is not None else (None, None)
+    p = w if post_s is None else p_into if p_into is not None else torch.empty_like(w)
+    ga = ga_into if ga_into is not None else torch.empty_like(w)
     scratch = w.new_empty(n, H, S) if pre_s is not None else w.new_empty(1)
     gs_pre, bufs_pre = _grads_struct(pre_s, g_pre, rows, n, w)
     gs_post, bufs_post = _grads_struct(post_s, g_post, rows, n, w)

@@ -13,13 +13,15 @@ from torch import Tensor
 from .base import Masks
 
 
-def mix_heads(weight: Tensor, a: Tensor) -> Tensor:
+def mix_heads(weight: Tensor, a: Tensor, out: Tensor | None = None) -> Tensor:
     """out[b,o,t,s] = sum_i weight[o,i] a[b,i,t,s]: one GEMM per batch on the contiguous [H, T*S] view.
 
     An explicit bmm: ``weight @ a`` would fold the batch into a [B*T*S, H] GEMM with two transposed copies.
+    ``out``: a contiguous [B,H,T,S] tensor to write into (the core's kept scratch).
     """
     B, H, T, S = a.shape
-    return torch.bmm(weight.expand(B, H, H), a.reshape(B, H, T * S)).view(B, H, T, S)  # (B, H, T, S)
+    into = None if out is None else out.view(B, H, T * S)
+    return torch.bmm(weight.expand(B, H, H), a.reshape(B, H, T * S), out=into).view(B, H, T, S)  # (B, H, T, S)
 
 
 def softmax_fp32(scores: Tensor) -> Tensor:

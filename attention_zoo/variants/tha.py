@@ -9,6 +9,7 @@ from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 from .headmix_batched import use_batched
+from .headmix_workspace import Workspace
 
 __all__ = ["TalkingHeadsAttention", "mix_heads", "rezero", "softmax_fp32"]
 _STATIC_MIX = MixStage(identity=False, static=True, query=False, key=False)
@@ -67,6 +68,7 @@ class TalkingHeadsAttention(AttentionBase):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.pre_proj = nn.Linear(n_heads, n_heads, bias=False)  # P_l^T
         self.post_proj = nn.Linear(n_heads, n_heads, bias=False)  # P_w^T
+        self.workspace = Workspace()  # the CPU core's memory kept between steps (not state: not saved or moved)
         self.reset_mixing()
 
     def reset_mixing(self) -> None:
@@ -88,7 +90,8 @@ class TalkingHeadsAttention(AttentionBase):
         pre = self.pre_proj.weight * self.head_dim**-0.5
         out = mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [self.post_proj.weight],
                               chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
-                              mix=mix_heads, rezero_fn=rezero)  # this module's names, looked up per call
+                              mix=mix_heads, rezero_fn=rezero,  # this module's names, looked up per call
+                              workspace=self.workspace)
         return self.out_proj(self.merge_heads(out))
 
     def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
