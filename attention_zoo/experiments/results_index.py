@@ -150,6 +150,16 @@ SECTIONS = (
     Section("Figure 13 (decide)", "synthetic classification trained to a plateau, with controls", "synthetic_decide",
             "synthetic.md", ("figure13_accuracy.png", "figure13_gain.png",
                              "synthetic_budget_gain_classification.png"), claims=("I.de_",), optional=True),
+    Section("Table 1 (decide)", "generation, every arm tuned, to a validation plateau", "table1_decide",
+            "table1_generation.md", ("table1_generation_delta.png",), claims=("T1.",), optional=True),
+    Section("Table 3 (decide)", "generator depth × block ablation, tuned, to a plateau", "table3_decide",
+            "table3_depth_blocks.md", ("table3_depth_blocks.png",), claims=("T3.",), optional=True),
+    Section("Table 4 (decide)", "input adaptivity × sharing ablation, tuned, to a plateau", "table4_decide",
+            "table4_ablation.md", ("table4_ablation.png",), claims=("T4.",), optional=True),
+    Section("Table 5 (decide)", "character-level LM, every arm tuned, to a validation plateau", "table5_decide",
+            "table5_gpt2.md", ("table5_gpt2_delta.png",), claims=("T5.",), optional=True),
+    Section("Table 6 (decide)", "digits ViT, every arm tuned, to a validation plateau", "table6_decide",
+            "table6_vit.md", ("table6_vit_delta*.png",), claims=("T6.",), optional=True),
     Section("Appendix E", "distributions of per-sample scores (KDEs)", "appendix_e_kde", "appendix_e_kde.md",
             ("appendix_e_kde_*.png",), claims=("E.",)),
     Section("Appendix F", "evolution of DAMCHA's metric during training", "appendix_fgh", "appendix_fgh.md",
@@ -277,6 +287,8 @@ def section_modules(sec: Section) -> tuple[str, ...]:
         return ("attention_zoo.measure.quick", EXPERIMENTS["synthetic"].module_path.rpartition(".")[0]
                 + ".train_speed")
     name = sec.script.removesuffix("_decide")
+    if name not in EXPERIMENTS:  # a decide folder named by its table: table5_decide -> table5_gpt2
+        name = next((k for k in EXPERIMENTS if k.startswith(name + "_")), name)
     return (EXPERIMENTS[name].module_path,) if name in EXPERIMENTS else ()
 
 
