@@ -14,6 +14,12 @@ import pandas as pd
 from .io import atomic_write_csv, atomic_write_json, atomic_write_text
 
 
+def table_blocks(lines: list[str]) -> list[str]:
+    """[heading, "", table] with the table's rows as one block, so a report that joins its parts as paragraphs (a
+    blank line between them) keeps the table whole; one that joins lines renders the same."""
+    return [*lines[:2], "\n".join(lines[2:])] if len(lines) > 2 else lines
+
+
 def wide_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str = "value") -> pd.DataFrame:
     """Pivot a long frame; repeated entries (seeds, repeats) are averaged. An empty frame (e.g. a store whose cells all
     failed: error rows carry no metric) gives an empty table that still has the ``index`` columns."""

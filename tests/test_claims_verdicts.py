@@ -90,6 +90,23 @@ def test_not_run_without_rows():
     assert v.verdict == "not run"
 
 
+def test_an_arm_can_differ_by_preset():
+    """T5.mix compares with DCMHA as the paper's authors ran it (damcha_repo) at smoke scale and with DCMHA's original
+    form at the decide preset: each preset reads its own rows and names them."""
+    rows, rng = [], np.random.default_rng(0)
+    for s in range(N):
+        for v, flavor, value in (("mha", "paper", 1.0), ("damcha", "paper", 0.9), ("dcmha", "paper", 0.95),
+                                 ("dcmha", "damcha_repo", 0.8)):
+            rows.append({"dataset": "shakespeare", "seed": s, "variant": v, "flavor": flavor, "metric": "test_loss",
+                         "value": value * (1 + 0.005 * rng.standard_normal()), "status": "ok", "phase": "tuned"})
+    df = pd.DataFrame(rows)
+    stores = {("table5_gpt2", p): StoreRows(df, Path("x.jsonl"), "ctx", ["run"], ["abc"]) for p in ("smoke", "decide")}
+    got = {v.preset: v for v in decide(stores, (get_claim("T5.mix"),))}
+    names = {p: [r.name for r in got[p].results] for p in got}
+    assert names == {"decide": ["vs mha", "vs dcmha"], "smoke": ["vs mha", "vs dcmha/damcha_repo"]}
+    assert got["decide"].results[1].test.mean > 0 > got["smoke"].results[1].test.mean  # 0.9 vs 0.95; 0.9 vs 0.8
+
+
 def test_noninferiority_rule():
     v = _verdict(_frame(0.0, noise=0.002).assign(lam=0.0), "I.lambda0")
     assert v.verdict == "supported", v.ours  # within the 2 % margin, precisely measured

@@ -74,12 +74,12 @@ def test_the_index_flags_a_section_whose_code_changed_after_its_run(tmp_path):
     files = code_files(modules, repo)
     assert "attention_zoo/experiments/lm/table5_gpt2.py" in files and "attention_zoo/variants/damcha.py" in files
     assert not any(f.startswith("attention_zoo/claims/") or f.endswith("report.py") for f in files)
-    assert "no later commit changed" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+    assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
 
     with open(repo / "attention_zoo" / "claims" / "table.py", "a") as f:  # renders: cannot change a number
         f.write("\n# a comment\n")
     git("commit", "-qam", "render-only change")
-    assert "no later commit changed" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+    assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
 
     with open(repo / "attention_zoo" / "variants" / "damcha_ops.py", "a") as f:  # the section's code
         f.write("\n# a comment\n")
@@ -87,3 +87,6 @@ def test_the_index_flags_a_section_whose_code_changed_after_its_run(tmp_path):
     line = freshness_line(folder, {}, "table5_gpt2", modules, repo)
     assert line.startswith("**Older than its code:**") and "1 later commit(s)" in line
     assert git("rev-parse", "--short=7", "HEAD") in line
+
+    git("revert", "--no-edit", "HEAD")  # undone: the code at HEAD is the run's again, so are its numbers
+    assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)

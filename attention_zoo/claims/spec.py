@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PRESETS = ("smoke", "decide", "paper")
 RULES = ("all", "noninferior", "slope", "analytic")
@@ -39,16 +39,24 @@ def resolve(value, preset: str):
     return value.get(preset) if isinstance(value, ByPreset) else value
 
 
+def _resolved(where: dict, preset: str) -> dict:
+    return {k: resolve(v, preset) for k, v in where.items()}
+
+
 @dataclass(frozen=True)
 class Arm:
     """Rows of one arm: column filters; ``reduce`` over column ``over`` collapses several rows of a pairing unit into
     one value: "best"/"worst" by the metric's direction (e.g. the weakest depth of a seed), "first"/"last" the row
     with the smallest/largest ``over`` (e.g. the deepest generator, the last snapshot)."""
 
-    label: str
+    label: str | ByPreset
     where: dict = field(default_factory=dict)
     reduce: str | None = None
     over: str | None = None
+
+    def at(self, preset: str) -> Arm:
+        """This arm at ``preset``: its label and filters that depend on the preset resolved."""
+        return replace(self, label=resolve(self.label, preset), where=_resolved(self.where, preset))
 
 
 @dataclass(frozen=True)
@@ -58,12 +66,19 @@ class Comparison:
     ``paper_effect``: the paper's effect in the claim's effect unit and orientation (positive = treatment better),
     where it quotes one; it is only compared where the scope is the paper's task."""
 
-    name: str
+    name: str | ByPreset
     treatment: Arm
     reference: Arm | None  # None: the treatment's own trend (slope rule)
     where: dict = field(default_factory=dict)
     direction: int = 1
     paper_effect: float | None = None
+
+    def at(self, preset: str) -> Comparison:
+        """This comparison at ``preset`` (e.g. a baseline that ran as the paper's authors' code at one preset and in
+        its original form at another)."""
+        return replace(self, name=resolve(self.name, preset), treatment=self.treatment.at(preset),
+                       reference=self.reference.at(preset) if self.reference else None,
+                       where=_resolved(self.where, preset))
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,7 @@ def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
     metric = resolve(claim.metric, preset)
     df = metric_rows(frame, metric)
     out = []
-    for comp in claim.comparisons:
+    for comp in (c.at(preset) for c in claim.comparisons):
         eff = comparison_effects(df, claim, comp)
         arms = arms_rows(frame, comp, (comp.treatment, comp.reference))
         res = Result(comp, eff, stats.paired_test(eff), unit_of(claim, comp, preset),

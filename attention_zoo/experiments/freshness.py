@@ -6,7 +6,8 @@ attentions every experiment creates by name): the experiment, the variants, back
 measurement code it reaches. Code that only renders — the claims layer, reports, plots, file I/O, the command-line
 plumbing, the driver and the index — can change how a number is shown but not the number, and is left out. The
 section's runs are named by commit in its folder's environment records (every sitting of a resumed store) and in
-the driver's run record; the section is stale when a commit after the oldest of them changed one of its files.
+the driver's run record; the section is stale when one of its files differs between the oldest of them and HEAD
+(the commits that changed it are named).
 """
 
 from __future__ import annotations
@@ -93,11 +94,16 @@ def section_commits(folder: Path, run_record: dict, script: str) -> list[str]:
 
 
 def later_changes(commits: list[str], files: tuple[str, ...], root: Path = ROOT) -> list[str] | None:
-    """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files``; None when
-    git cannot tell (no repository, or none of the commits is in its history)."""
+    """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files`` whose content
+    at HEAD differs from the run's (a change undone later cannot change a number); None when git cannot tell (no
+    repository, or none of the commits is in its history)."""
     found = None
     for c in commits:
-        log = _git(root, "log", "--format=%h %s", f"{c}..HEAD", "--", *files)
+        differ = _git(root, "diff", "--name-only", c, "HEAD", "--", *files)
+        if differ is None:
+            continue
+        differ = [x for x in differ.splitlines() if x.strip()]
+        log = _git(root, "log", "--format=%h %s", f"{c}..HEAD", "--", *differ) if differ else ""
         if log is not None:
             lines = [x for x in log.splitlines() if x.strip()]
             found = lines if found is None or len(lines) > len(found) else found
@@ -115,7 +121,7 @@ def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[s
     if changes is None:
         return f"Code: run at {runs}; git cannot tell whether its code changed since (commit not in this history)."
     if not changes:
-        return f"Code: run at {runs}; no later commit changed the code its numbers depend on."
+        return f"Code: run at {runs}; the code its numbers depend on is the same at HEAD."
     shown = "; ".join(f"`{x.split(' ', 1)[0]}`" for x in changes[:8]) + ("; …" if len(changes) > 8 else "")
     return (f"**Older than its code:** run at {runs}; {len(changes)} later commit(s) changed code its numbers depend "
             f"on ({shown}): rerun it to bring it to HEAD.")

@@ -188,7 +188,7 @@ def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], st
                   else "not yet (tuning unfinished or diverged)")
         edge = ("**yes: " + ", ".join(choice.edge) + "**") if choice and choice.edge else "no"
         lines.append(f"| {label(cell)} | " + " | ".join(f"{m:.4g}" for m in means) + f" | {chosen} | {edge} |")
-    return _blocks(lines)
+    return lines
 
 
 def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what: str,
@@ -209,13 +209,7 @@ def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what
         rel = f" ({100 * margin / t:+.1f} % of it)" if lower_is_better and t else ""
         lines.append(f"| {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} | {v:.4f} | {t:.4f} | "
                      f"{margin:+.4f}{rel} |")
-    return _blocks(lines)
-
-
-def _blocks(lines: list[str]) -> list[str]:
-    """[heading, "", table]: the table's rows as one block, so a report that joins its parts as paragraphs
-    (a blank line between them) keeps the table whole, and one that joins lines renders the same."""
-    return [*lines[:2], "\n".join(lines[2:])]
+    return lines
 
 
 __all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_id", "calibration_lines", "choose", "execute_stages",

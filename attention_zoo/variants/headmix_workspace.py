@@ -22,7 +22,6 @@ Values are unchanged: the same kernels write into kept memory instead of new mem
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 
 import torch
@@ -89,7 +88,9 @@ class Scratch:
         self._buffers = buffers
 
     def __call__(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        n = math.prod(shape)
+        n = 1
+        for s in shape:
+            n *= s
         buf = self._buffers.get(name)
         if (buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device
                 or buf.is_inference() and not torch.is_inference_mode_enabled()):  # made under inference_mode

@@ -95,7 +95,8 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
         return pd.DataFrame(), []
     tuned = []
     if tuning is not None:
-        tuned = report_lines(tuning, store.records(), lambda c: f"{c['dataset']}: {c['variant']}/{c['flavor']}")
+        tuned = report.table_blocks(report_lines(tuning, store.records(),
+                                          lambda c: f"{c['dataset']}: {c['variant']}/{c['flavor']}"))
         df = df[df["phase"] == "tuned"].copy() if "phase" in df else df.iloc[:0]
         if df.empty:
             print("\n".join(tuned))
@@ -119,7 +120,8 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              "clear_refs reset at the start of the cell (`peak_rss_mib`, includes interpreter, torch and corpus; "
              "not comparable with CUDA numbers). Baselines run in the flavour shown. Presets and the DAMCHA "
              "generator configuration: attention_zoo/experiments/lm/table5_gpt2.py.",
-             *tuned, *calibration_lines(head, "test_loss", "trivial_loss", True, "a unigram of the training text"),
+             *tuned, *report.table_blocks(calibration_lines(head, "test_loss", "trivial_loss", True,
+                                                   "a unigram of the training text")),
              "## Verdicts on the paper's claims (Table 5)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
         notes += ["## Seed-paired change vs MHA/paper (% of MHA's value; mean [95 % interval] (n seeds); lower is "

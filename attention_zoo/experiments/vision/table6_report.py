@@ -74,8 +74,10 @@ def _rows(wide: pd.DataFrame, order: tuple[str, ...]) -> pd.DataFrame:
 def _tuning_notes(df: pd.DataFrame, store: ResultStore, tuning: Tuning) -> list[str]:
     """A tuned preset's grid, its calibration against the majority class, and the secondary "shared" rows: every
     arm at the one setting used before tuning, seed-paired against MHA there, to show whether tuning changed it."""
-    notes = report_lines(tuning, store.records(), lambda c: f"{c['variant']}/{c['flavor']} ({c['epochs']} ep)")
-    notes += calibration_lines(df[df["phase"] == "tuned"], "top1", "chance_top1", False, "the majority class")
+    notes = report.table_blocks(report_lines(tuning, store.records(),
+                                      lambda c: f"{c['variant']}/{c['flavor']} ({c['epochs']} ep)"))
+    notes += report.table_blocks(calibration_lines(df[df["phase"] == "tuned"], "top1", "chance_top1", False,
+                                            "the majority class"))
     shared = df[(df["phase"] == "shared") & df["metric"].isin(["top1", "top5"])]
     if not shared.empty:
         d = delta_frame(shared, ["metric"], {"variant": "mha", "flavor": "paper"}, relative=False)
