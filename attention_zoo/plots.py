@@ -218,6 +218,14 @@ def suptitle(fig, title: str, fontsize: float = 10) -> None:
     fig.suptitle(title, fontsize=fontsize, y=1 - 0.08 / height)
 
 
+def caption(fig, text: str | None, fontsize: float = 7) -> None:
+    """A caption line under the figure (e.g. the tuned setting of each arm); the saved box grows to hold it."""
+    if text:
+        import textwrap
+
+        fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 150)), ha="left", va="top", fontsize=fontsize)
+
+
 @themed
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
               loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
@@ -350,10 +358,12 @@ def kde_plot(ax, df: pd.DataFrame, x: str, hue: str, non_negative: bool = False,
 @themed
 def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: str, ylabel: str, xlabel: str,
                   mean: str = "mean", lo: str = "low", hi: str = "high", paper: dict | None = None,
-                  ref_lines: dict | None = None, zero: bool = True, integer_x: bool = False) -> Path:
+                  ref_lines: dict | None = None, zero: bool | str = True, integer_x: bool = False,
+                  note: str | None = None) -> Path:
     """Per-series points with interval bars (already computed: ``mean``, ``lo``, ``hi`` columns) joined by lines,
     dodged a little along x so no series hides another; a zero line (paired differences); ``paper``: {label: {x: y}}
-    drawn as black stars beside ours; ``ref_lines``: {label: y} horizontal reference lines in their own style."""
+    drawn as black stars beside ours; ``ref_lines``: {label: y} horizontal reference lines in their own style;
+    ``zero`` a string: the zero line's legend label (the reference arm); ``note``: a caption line."""
     plt, _ = _plt()
     labels = sort_labels(df[hue].astype(str))
     styles = series_styles(labels)
@@ -371,7 +381,7 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
         ax.errorbar(xv, yv, yerr=err, color=s["color"], linestyle=s["linestyle"], marker=s["marker"], markersize=4,
                     capsize=2, linewidth=1.2, label=lab)
     if zero:
-        ax.axhline(0.0, color="black", lw=0.8)
+        ax.axhline(0.0, color="black", lw=0.8, **({"label": zero} if isinstance(zero, str) else {}))
     for j, (name, y) in enumerate((ref_lines or {}).items()):
         ax.axhline(y, color=REFERENCE_COLOUR, lw=1.0, linestyle=(":", "-.", "--")[j % 3], label=name)
     for name, points in (paper or {}).items():
@@ -383,16 +393,20 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     legend_outside(ax)
+    caption(fig, note)
     out = atomic_savefig(fig, path, dpi=120)
     return out
 
 
 @themed
 def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabel: str, arm: str = "arm",
-               paper: dict | None = None, panel_title: str = "{}", paper_label: str = "paper") -> Path:
+               paper: dict | None = None, panel_title: str = "{}", paper_label: str = "paper",
+               reference: str | None = None, interval: str = "95 % t interval", note: str | None = None) -> Path:
     """Seed-paired differences vs the reference arm: one dot with its interval whisker per arm (rows, shared across
     panels), one panel per ``panel`` value, a zero line; ``paper`` {(panel value, arm): x} as black stars. ``df``:
-    ``delta_frame`` output (``mean``, ``low``, ``high``, ``n``). A single seed has no whisker (its n says so)."""
+    ``delta_frame`` output (``mean``, ``low``, ``high``, ``n``). A single seed has no whisker (its n says so). With
+    ``reference`` (the reference arm's name) a legend says what the dot, the whisker (``interval``, over n seeds)
+    and the zero line are; ``note``: a caption line."""
     plt, _ = _plt()
     order = sort_labels(df[arm].astype(str))
     styles = series_styles(order)
@@ -416,12 +430,21 @@ def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabe
         ax.set_title(panel_title.format(pv), fontsize=8)
         ax.set_xlabel(xlabel, fontsize=8)
     axes[0][0].invert_yaxis()
-    if paper:
-        from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D
 
-        legend_outside(axes[0][-1], [Line2D([], [], marker="*", color=REFERENCE_COLOUR, linestyle="none")],
-                       [paper_label])
+    handles, labels = [], []
+    if reference:
+        n = f"n = {int(df['n'].max())} seeds" if "n" in df and df["n"].notna().any() else "seeds"
+        handles += [Line2D([], [], marker="o", color="grey", linestyle="none"), Line2D([], [], color="grey"),
+                    Line2D([], [], color="black", lw=0.8)]
+        labels += [f"mean paired difference ({n})", interval, f"0 = {reference} (reference)"]
+    if paper:
+        handles.append(Line2D([], [], marker="*", color=REFERENCE_COLOUR, linestyle="none"))
+        labels.append(paper_label)
+    if handles:
+        legend_outside(axes[0][-1], handles, labels)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
+    caption(fig, note)
     out = atomic_savefig(fig, path, dpi=120)
     return out

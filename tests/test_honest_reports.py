@@ -288,3 +288,34 @@ def test_cpu_timing_keeps_freed_memory_unless_opted_out_and_the_record_says_whic
     else:
         assert retained is True and padded_mib > 230  # the 256 MiB pad stays resident
         assert freed_mib < 16  # still resident, for the next step's buffers
+
+
+def test_a_tuned_figure_names_each_arms_setting_and_its_reference(tmp_path, monkeypatch):
+    """The caption of a tuned preset's figure lists every arm's chosen setting (never the grid's or the shared
+    setting's), nothing for untuned rows; the delta plot draws its legend (reference, interval, n) and caption."""
+    from attention_zoo import plots
+    from attention_zoo.report import setting_note
+
+    rows = [{"variant": v, "flavor": "paper", "lr": lr, "weight_decay": 0.1, "phase": phase}
+            for v, lr, phase in (("mha", 4e-3, "tuned"), ("damcha", 2e-3, "tuned"), ("damcha", 1e-3, "tune"),
+                                 ("damcha", 2e-3, "shared"))]
+    note = setting_note(pd.DataFrame(rows))
+    assert note.endswith("damcha/paper lr 0.002, wd 0.1; mha/paper lr 0.004, wd 0.1.") and "0.001" not in note
+    assert setting_note(pd.DataFrame(rows).drop(columns="phase")) is None
+    assert setting_note(pd.DataFrame(rows).assign(phase="tune")) is None
+    deltas = pd.DataFrame({"arm": ["damcha/paper"], "panel": ["test bpc"], "mean": [1.0], "low": [0.5],
+                           "high": [1.5], "n": [10]})
+    seen = {}
+    real = plots.atomic_savefig
+
+    def keep(fig, path, **kw):
+        seen["texts"] = [t.get_text() for t in fig.texts] + [t.get_text() for ax in fig.axes
+                                                               for leg in [ax.get_legend()] if leg
+                                                               for t in leg.get_texts()]
+        return real(fig, path, **kw)
+
+    monkeypatch.setattr(plots, "atomic_savefig", keep)
+    plots.delta_plot(deltas, "panel", tmp_path / "d.png", "title", "x", reference="MHA/paper", note=note)
+    assert (tmp_path / "d.png").stat().st_size > 0
+    assert "0 = MHA/paper (reference)" in seen["texts"] and "mean paired difference (n = 10 seeds)" in seen["texts"]
+    assert any("mha/paper lr 0.004" in t for t in seen["texts"])

@@ -145,17 +145,18 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     notes += ["## Validation and test loss (nats) and bpc (seed means)"]
     report.write_tables(out, NAME, df, wide, env, "Table 5: character-level GPT-2 pretraining", "\n\n".join(notes),
                         best={c: "min" for c in wide.columns if c.endswith(("loss", "bpc"))}, comparison=comp)
-    _figures(out, store, env, preset_name, deltas, run_dir_of, steps)
+    _figures(out, store, env, preset_name, deltas, run_dir_of, steps, report.setting_note(head))
     return comp, verdicts
 
 
-def _figures(out, store, env, preset_name, deltas, run_dir_of, steps) -> None:
+def _figures(out, store, env, preset_name, deltas, run_dir_of, steps, note=None) -> None:
     where = f"{preset_name}: {'/'.join(sorted(set(deltas['dataset'])))} · {steps} steps" if not deltas.empty else ""
     if not deltas.empty:
         shown = deltas[deltas["metric"] == "test_bpc"].assign(panel=lambda d: d["dataset"] + ": test bpc ↓")
         plots.delta_plot(shown, "panel", out / f"{NAME}_delta.png",
                          f"Table 5 ({where}; n = {int(deltas['n'].max())} seeds; {env.get('device_name')}): "
-                         "seed-paired change vs MHA/paper, mean and 95 % interval", "change vs MHA (% of MHA's bpc)")
+                         "seed-paired change vs MHA/paper, mean and 95 % interval", "change vs MHA (% of MHA's bpc)",
+                         reference="MHA/paper", note=note)
     curves = _eval_curves(out, store, run_dir_of)
     if curves.empty or curves["step"].nunique() < 2:
         return
@@ -166,4 +167,6 @@ def _figures(out, store, env, preset_name, deltas, run_dir_of, steps) -> None:
         plots.interval_plot(d, "step", "arm", out / f"{NAME}_delta_curve_{ds}.png",
                             f"Table 5 ({preset_name}: {ds}; n = {int(d['n'].max())} seeds): validation bpc during "
                             "training, seed-paired change vs MHA/paper (periodic subset)",
-                            "change vs MHA (% of MHA's validation bpc)", "optimizer step")
+                            "change vs MHA (% of MHA's validation bpc)", "optimizer step",
+                            zero=f"0 = MHA/paper (reference); bars: 95 % t interval over {int(d['n'].max())} seeds",
+                            note=note)

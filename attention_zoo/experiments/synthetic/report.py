@@ -299,6 +299,7 @@ def _band(df: pd.DataFrame, value: str, by: list[str]) -> pd.DataFrame:
 
 def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seeds: int, env: dict) -> None:
     where = f"{preset} preset, n = {seeds} seeds, {env.get('device_name')}"
+    note = {t: report.setting_note(df[df["task"] == t]) for t in ("regression", "classification")}
     r2, acc = _metric(df, "test_r2"), _metric(df, "test_acc")
     if not r2.empty:
         oracle = _metric(df, "oracle_mse").merge(_metric(df, "trivial_mse")[["setting", "seed", "value"]],
@@ -307,7 +308,8 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seed
         plots.interval_plot(_band(r2, "value", ["label", "setting"]), "setting", "label", out / "figure12_r2.png",
                             f"Fig. 12: synthetic regression, test R² ({where}; 95 % t-intervals)",
                             "test R² = 1 − MSE / Var(y) (dimensionless)", "λ (cross-subspace weight, dimensionless)",
-                            zero=False, ref_lines={"oracle (noise floor)": floor, "trivial (training mean)": 0.0})
+                            zero=False, ref_lines={"oracle (noise floor)": floor, "trivial (training mean)": 0.0},
+                            note=note["regression"])
     if not acc.empty:
         orc = _metric(df, "oracle_test_acc").drop_duplicates(["setting", "seed"]).assign(
             label="oracle (knows R; a reference, not a bound)")  # a learner can beat it: docs/synthetic.md
@@ -316,7 +318,7 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seed
                             out / "figure13_accuracy.png",
                             f"Fig. 13: synthetic classification, test accuracy ({where}; 95 % t-intervals)",
                             "test accuracy (fraction)", "d_e (subspace width; D = 4·d_e)", zero=False,
-                            ref_lines={"chance (majority class)": chance}, integer_x=True)
+                            ref_lines={"chance (majority class)": chance}, integer_x=True, note=note["classification"])
     if gains.empty:
         return
     for task, name, xlabel, ylabel, integer in (
@@ -331,7 +333,7 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seed
         fig = "Fig. 12" if task == "regression" else "Fig. 13"
         plots.interval_plot(_band(g, "gain", ["label", "setting"]), "setting", "label", out / name,
                             f"{fig}: seed-paired gain over MHA/paper ({where}; 95 % t-intervals)", ylabel, xlabel,
-                            paper=paper, integer_x=integer)
+                            paper=paper, integer_x=integer, zero="0 = MHA/paper (reference)", note=note[task])
     _learning_figures(out, df, where)
 
 

@@ -144,12 +144,15 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     if not deltas.empty:
         plots.delta_plot(deltas.assign(panel=deltas["metric"] + " ↑"), "panel", out / f"{NAME}_delta.png",
                          f"Table 6 ({where}): seed-paired accuracy difference vs MHA/paper, mean and 95 % interval",
-                         "accuracy − accuracy of MHA (percentage points)")
+                         "accuracy − accuracy of MHA (percentage points)", reference="MHA/paper",
+                         note=report.setting_note(df))
     curves = _acc_curves(out, store, run_dir_of, preset_name)
     for epochs, g in (curves.groupby("epochs") if not curves.empty else []):
         d = delta_frame(g, ["epoch"], {"variant": "mha", "flavor": "paper"})
         if not d.empty and d["epoch"].nunique() > 1:
             plots.interval_plot(d, "epoch", "arm", out / f"{NAME}_delta_curve_{preset_name}_{epochs}ep.png",
                                 f"Table 6 ({where}, {epochs} epochs): validation NLL during training, seed-paired "
-                                "change vs MHA/paper", "change vs MHA (% of MHA's validation NLL)", "epoch")
+                                "change vs MHA/paper", "change vs MHA (% of MHA's validation NLL)", "epoch",
+                                zero=f"0 = MHA/paper (reference); bars: 95 % t interval over {int(d['n'].max())} seeds",
+                                note=report.setting_note(df))
     return comp, verdicts
