@@ -38,8 +38,14 @@ def launcher_for(args, plan, name: str):
 
 
 # ---- local ----------------------------------------------------------------------------------------------------------
-def _init_worker(parent: int, init) -> None:
+def _init_worker(parent: int, init, forked: bool = False) -> None:
     die_with_parent(parent)  # a killed driver leaves no worker behind
+    if forked:
+        # libgomp is not fork-safe: once the driver has run an OpenMP region, a forked child's first multi-threaded
+        # op waits forever for threads that were not copied. One thread per worker (the workers share the cores).
+        import torch
+
+        torch.set_num_threads(1)
     if init is not None:
         init()
 
@@ -64,7 +70,7 @@ class LocalLauncher:
             return
         method = "fork" if sys.platform == "linux" else "spawn"
         with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
-                                 initargs=(os.getpid(), plan.worker_init)) as pool:
+                                 initargs=(os.getpid(), plan.worker_init, method == "fork")) as pool:
             futures = [pool.submit(_call, plan.work, u) for u in units]
             try:
                 for fut in as_completed(futures):

@@ -1,0 +1,40 @@
+"""The local launcher's forked workers survive a driver that has already run multi-threaded torch ops (libgomp is
+not fork-safe: without one thread per worker the child's first parallel op waits forever)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from types import SimpleNamespace
+    from attention_zoo.experiments.launchers import LocalLauncher
+
+    def work(unit):
+        x = torch.randn(2000, 2000)
+        idx = torch.randint(0, 2000, (2000,))
+        return [[{"value": float(x[idx].sum()), "threads": torch.get_num_threads()}] for _ in unit]
+
+    if __name__ == "__main__":
+        torch.set_num_threads(2)
+        x = torch.randn(2000, 2000)
+        x[torch.randint(0, 2000, (2000,))].sum()  # the driver enters an OpenMP parallel region before forking
+        plan = SimpleNamespace(workers=2, work=work, worker_init=None)
+        out = list(LocalLauncher().run([[{"c": 0}], [{"c": 1}]], plan))
+        assert [msg for _, _, msg in out] == ["", ""], out
+        print(sorted(r[0][0]["threads"] for _, r, _ in out))
+""")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the launcher forks on Linux only")
+def test_forked_workers_do_not_hang_after_the_driver_used_openmp(tmp_path):
+    (tmp_path / "drive.py").write_text(SCRIPT)
+    try:
+        proc = subprocess.run([sys.executable, str(tmp_path / "drive.py")], capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a forked worker hung in its first multi-threaded op")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[1, 1]"
