@@ -141,11 +141,12 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     report.write_tables(out, NAME, df, wide, env, "Table 6: ViT classification", "\n\n".join(notes),
                         best={c: "max" for c in cols}, comparison=comp)
     where = f"{preset_name}: {dataset}; n = {len(seeds)} seeds; {env.get('device_name')}"
+    note = report.setting_note(df)
     if not deltas.empty:
         plots.delta_plot(deltas.assign(panel=deltas["metric"] + " ↑"), "panel", out / f"{NAME}_delta.png",
                          f"Table 6 ({where}): seed-paired accuracy difference vs MHA/paper, mean and 95 % interval",
                          "accuracy − accuracy of MHA (percentage points)", reference="MHA/paper",
-                         note=report.setting_note(df))
+                         note=note)
     curves = _acc_curves(out, store, run_dir_of, preset_name)
     for epochs, g in (curves.groupby("epochs") if not curves.empty else []):
         d = delta_frame(g, ["epoch"], {"variant": "mha", "flavor": "paper"})
@@ -158,5 +159,5 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
                                 "change vs MHA (% of MHA's validation NLL)", "epoch",
                                 zero=f"0 = MHA/paper (reference); bars: 95 % t interval over "
                                      f"{int(d['n'].min())}–{int(d['n'].max())} seed pairs",
-                                note=report.setting_note(df))
+                                note=note)
     return comp, verdicts
