@@ -125,6 +125,51 @@ def test_an_arm_with_empty_outputs_is_not_ok_and_its_comparison_is_not_decidable
     assert "no effect reported" in v.ours and not _numbers(v.ours.split(";")[0])
 
 
+def test_looping_generations_gate_the_text_scores_but_not_the_teacher_forced_nll(tmp_path):
+    """An arm whose greedy outputs repeat fails BERTScore claims, but its held-out NLL (which beats the unigram) is
+    still compared; an arm whose NLL does not beat the unigram fails every metric."""
+    folder = tmp_path / "table1_generation"
+    (folder / "per_sample").mkdir(parents=True)
+    rows = []
+    for s in range(N):
+        for v in ("mha", "damcha"):
+            f = folder / "per_sample" / f"{v}-{s}.jsonl"
+            f.write_text("\n".join(json.dumps({"hypothesis": "the the the the the the", "reference": "x"})
+                                   for _ in range(4)))
+            base = {"dataset": "concepts", "seed": s, "variant": v, "flavor": "paper", "status": "ok",
+                    "phase": "tuned", "per_sample": f"per_sample/{v}-{s}.jsonl"}
+            nll = (2.0 if v == "mha" else 1.8) + 0.01 * s
+            rows += [{**base, "metric": "nll", "value": nll}, {**base, "metric": "bertscore_f1", "value": 0.3},
+                     {**base, "metric": "val_loss", "value": nll}, {**base, "metric": "trivial_val_loss",
+                                                                   "value": 3.3}]
+    df = pd.DataFrame(rows)
+    gated, _ = apply_gate(df, folder)
+    assert set(gated.loc[gated["metric"] == "bertscore_f1", "status"]) == {NOT_LEARNED}
+    assert set(gated.loc[gated["metric"] == "nll", "status"]) == {"ok"}
+    stores = {("table1_generation", p): StoreRows(df, folder / "table1_generation.jsonl", "ctx", ["r"], ["c"])
+              for p in ("smoke", "decide")}
+    got = {v.preset: v for v in decide(stores, (get_claim("T1.wmt"),))}
+    assert got["smoke"].verdict.startswith("not decidable: stand-in not learned"), got["smoke"].verdict
+    decided = got["decide"]  # NLL, lower is better: DAMCHA 10 % below MHA on every seed
+    assert decided.results[0].name == "vs mha" and decided.results[0].test.mean > 5, decided.ours
+    assert not decided.results[0].gate
+    at_unigram = df.assign(value=lambda d: d["value"].where(~((d["variant"] == "mha") & (d["metric"] == "val_loss")),
+                                                            3.3))
+    gated, _ = apply_gate(at_unigram, folder)
+    assert set(gated.loc[gated["variant"] == "mha", "status"]) == {NOT_LEARNED}  # every metric, NLL included
+
+
+def test_the_decide_preset_compares_the_baselines_in_their_original_form():
+    claim = get_claim("T1.cifar10")
+    names = {p: [c.at(p).name for c in claim.comparisons] for p in ("smoke", "decide")}
+    assert names["decide"] == ["vs mha", "vs tha", "vs dcmha", "vs colmha", "vs mma", "vs moa"]
+    assert names["smoke"][1:] == [f"vs {v}/damcha_repo" for v in ("tha", "dcmha", "colmha", "mma", "moa")]
+    assert {c.at("decide").reference.where["flavor"] for c in claim.comparisons[1:]} == {"paper"}
+    text = get_claim("T1.wmt")
+    assert (text.at("smoke").metric, text.at("smoke").better) == ("bertscore_f1", "higher")
+    assert (text.at("decide").metric, text.at("decide").better) == ("nll", "lower")
+
+
 def test_the_gate_fires_on_an_arm_at_the_trivial_predictor():
     df = _rows({"mha": 1.0, "damcha": 0.9}, extra={"trivial_mse": lambda v, s: 0.5 + 0.01 * s if v == "mha" else 9})
     v = _decide(df, "I.lambda1")[0]

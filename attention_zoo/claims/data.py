@@ -143,6 +143,11 @@ def run_facts(df: pd.DataFrame) -> str:
     return "; ".join(facts)
 
 
+def metric_inputs(metric: str) -> tuple[str, ...]:
+    """The stored metrics ``metric`` is computed from (itself, or a ``DERIVED`` metric's two)."""
+    return DERIVED.get(metric, (metric,))
+
+
 def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The ok rows of ``metric`` (a stored metric, or a ``DERIVED`` difference of two computed per cell)."""
     if df.empty or "metric" not in df:

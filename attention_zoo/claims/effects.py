@@ -20,7 +20,8 @@ from .spec import Arm, Claim, Comparison, resolve
 
 METRIC_NAMES = {"test_mse": "test MSE", "test_acc": "test accuracy", "fid_top50": "FID@Top-50",
                 "bertscore_f1": "BERTScore F1", "bartscore": "BARTScore", "val_loss": "validation loss",
-                "test_loss": "test loss", "mse": "MSE", "mse_iqr": "IQR of per-sample MSE", "top1": "top-1 accuracy",
+                "test_loss": "test loss", "mse": "MSE", "mse_iqr": "IQR of per-sample MSE", "nll": "NLL",
+                "top1": "top-1 accuracy",
                 "block_norm_cv": "CV of block norms", "grad_grid_cv": "CV of block gradient norms",
                 "metric_drift": "metric drift"}
 SETTING_NAMES = {"lam": "λ", "d_e": "dₑ"}

@@ -7,7 +7,9 @@ measure of that failure. Each cell (one arm, one setting, one seed) is checked a
   or chance accuracy, a unigram model's loss) must be beaten by a stated margin: a loss at least 1 % below the
   trivial one, an accuracy at least 2 points above it;
 - generated text must be text: BERTScore F1 of exactly 0, half or more of the hypotheses empty, or hypotheses that
-  repeat a few words (on average fewer than 30 % distinct words) fail.
+  repeat a few words (on average fewer than 30 % distinct words) fail. This check gates only the metrics that score
+  the generated text (``GENERATED``): a held-out NLL is teacher-forced, so a model whose greedy decoding loops can
+  still be compared on it once its loss beats the trivial one.
 
 Failing rows get the status ``not_learned`` (their message says why). A comparison in which any seed of either arm
 failed is "not decidable: stand-in not learned" (``verdicts``): dropping the failed seeds would select the runs
@@ -30,6 +32,7 @@ CELL_KEYS = ("experiment", "task", "lam", "d_e", "dataset", "setting", "depth", 
              "flavor", "seed")
 LOSS_MARGIN, ACC_MARGIN = 0.01, 0.02  # relative to the trivial loss; accuracy as a fraction (2 points)
 EMPTY_AT, DISTINCT_BELOW = 0.5, 0.3
+GENERATED = ("bertscore", "bartscore")  # metric name prefixes that score generated text
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ def _text_outputs(path: str) -> tuple[float, float] | None:
     return empty, (sum(ratios) / len(ratios) if ratios else 0.0)
 
 
-def _cell_failure(cell: pd.DataFrame, folder: Path | None) -> tuple[bool, str]:
-    """(checked, reason): whether any calibration applied to this cell, and why it failed ('' if it did not)."""
+def _cell_failure(cell: pd.DataFrame, folder: Path | None) -> tuple[bool, str, bool]:
+    """(checked, reason, text_only): whether any calibration applied to this cell, why it failed ('' if it did not)
+    and whether the failure concerns only the generated text (then only ``GENERATED`` metrics fail)."""
     values = cell.groupby("metric")["value"].mean() if "metric" in cell else pd.Series(dtype=float)
     checked = False
     for cal in CALIBRATIONS:
@@ -85,11 +89,11 @@ def _cell_failure(cell: pd.DataFrame, folder: Path | None) -> tuple[bool, str]:
             checked = True
             v, t = float(values[cal.metric]), float(values[cal.trivial])
             if not beats(v, t, cal.better):
-                return True, f"{cal.metric} {v:.4g} does not beat {cal.what} ({t:.4g})"
+                return True, f"{cal.metric} {v:.4g} does not beat {cal.what} ({t:.4g})", False
     if "bertscore_f1" in values:
         checked = True
         if float(values["bertscore_f1"]) <= 0:
-            return True, "BERTScore F1 0 (empty outputs)"
+            return True, "BERTScore F1 0 (empty outputs)", True
     if folder is not None and "per_sample" in cell:
         for rel in cell["per_sample"].dropna().unique():
             stats = _text_outputs(str(folder / str(rel)))
@@ -98,10 +102,10 @@ def _cell_failure(cell: pd.DataFrame, folder: Path | None) -> tuple[bool, str]:
             checked = True
             empty, distinct = stats
             if empty >= EMPTY_AT:
-                return True, f"{100 * empty:.0f} % of the generated texts are empty"
+                return True, f"{100 * empty:.0f} % of the generated texts are empty", True
             if distinct < DISTINCT_BELOW:
-                return True, f"repeated outputs ({100 * distinct:.0f} % distinct words per text)"
-    return checked, ""
+                return True, f"repeated outputs ({100 * distinct:.0f} % distinct words per text)", True
+    return checked, "", False
 
 
 def apply_gate(df: pd.DataFrame, folder: Path | None = None) -> tuple[pd.DataFrame, bool]:
@@ -116,10 +120,11 @@ def apply_gate(df: pd.DataFrame, folder: Path | None = None) -> tuple[pd.DataFra
         out["message"] = ""
     any_checked = False
     for _, cell in out.groupby(keys, dropna=False, sort=False):
-        checked, reason = _cell_failure(cell, folder)
+        checked, reason, text_only = _cell_failure(cell, folder)
         any_checked |= checked
         if reason:
-            ok = cell.index[cell["status"].fillna("ok") == "ok"]
+            failing = cell["metric"].astype(str).str.startswith(GENERATED) if text_only else True
+            ok = cell.index[(cell["status"].fillna("ok") == "ok") & failing]
             out.loc[ok, "status"] = NOT_LEARNED
             out.loc[ok, "message"] = reason
     return out, any_checked
@@ -136,4 +141,4 @@ def arm_failures(rows: pd.DataFrame, pair_on: tuple[str, ...]) -> tuple[int, int
     return units, bad.groupby(list(pair_on)).ngroups, str(bad["message"].iloc[0])
 
 
-__all__ = ["CALIBRATIONS", "NOT_LEARNED", "Calibration", "apply_gate", "arm_failures", "beats"]
+__all__ = ["CALIBRATIONS", "GENERATED", "NOT_LEARNED", "Calibration", "apply_gate", "arm_failures", "beats"]

@@ -101,7 +101,7 @@ class Claim:
     paper: str  # the paper's numbers, as quoted
     experiment: str  # the script / results folder whose store holds the rows
     metric: str | ByPreset
-    better: str  # "lower" | "higher"
+    better: str | ByPreset  # "lower" | "higher" (by preset where the metric differs, e.g. BERTScore vs NLL)
     effect: str  # relative (% of the reference) | difference (metric units) | points (100 × fraction difference)
     comparisons: tuple[Comparison, ...]
     family: str
@@ -120,7 +120,8 @@ class Claim:
     paper_scale: str = ""  # what would decide it at paper scale
 
     def __post_init__(self):
-        if self.rule not in RULES or self.effect not in EFFECTS or self.better not in ("lower", "higher"):
+        betters = dict(self.better.values).values() if isinstance(self.better, ByPreset) else (self.better,)
+        if self.rule not in RULES or self.effect not in EFFECTS or not set(betters) <= {"lower", "higher"}:
             raise ValueError(f"claim {self.id}: bad rule/effect/better ({self.rule}, {self.effect}, {self.better})")
         if self.rule == "noninferior" and not (self.margin and self.margin > 0):
             raise ValueError(f"claim {self.id}: the noninferior rule needs a positive margin")
@@ -128,6 +129,10 @@ class Claim:
             raise ValueError(f"claim {self.id}: the slope rule needs ``over``")
         if self.rule == "analytic" and not self.analytic:
             raise ValueError(f"claim {self.id}: the analytic rule needs ``analytic``")
+
+    def at(self, preset: str) -> Claim:
+        """This claim at ``preset``: its metric and better direction resolved (comparisons resolve their own)."""
+        return replace(self, metric=resolve(self.metric, preset), better=resolve(self.better, preset))
 
     @property
     def store_name(self) -> str:

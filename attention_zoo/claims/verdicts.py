@@ -28,7 +28,7 @@ import pandas as pd
 from . import stats
 from .analytic import ANALYTIC
 from .controls import ControlResult, check_controls, control_text, interval_text
-from .data import StoreRows, matches, metric_rows, run_facts
+from .data import StoreRows, matches, metric_inputs, metric_rows, run_facts
 from .effects import arms_rows, budget_curve, cell_costs, comparison_effects, unit_of
 from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
@@ -205,6 +205,8 @@ def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
     frame, where = _claim_frame(claim, preset, rows)
     metric = resolve(claim.metric, preset)
     df = metric_rows(frame, metric)
+    # the gate's verdict on this metric's rows (every status): a text-only failure does not touch an NLL
+    of_metric = frame[frame["metric"].isin(metric_inputs(metric))] if "metric" in frame else frame
     out = []
     for comp in (c.at(preset) for c in claim.comparisons):
         eff = comparison_effects(df, claim, comp)
@@ -214,7 +216,7 @@ def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
         failed = []
         for arm in (comp.treatment, comp.reference):
             if arm is not None:
-                units, bad, reason = arm_failures(arms_rows(frame, comp, (arm,)), claim.pair_on)
+                units, bad, reason = arm_failures(arms_rows(of_metric, comp, (arm,)), claim.pair_on)
                 if bad:
                     failed.append(f"{arm.label} ({bad} of {units} seeds: {reason})")
         res.gate = "; ".join(failed)
@@ -244,7 +246,8 @@ def decide(stores: dict[tuple[str, str], StoreRows], claims: tuple[Claim, ...] =
             if claim.rule == "analytic":
                 verdicts.append(ANALYTIC[claim.analytic](claim, preset, rows, Verdict))
             else:
-                partial.append((claim, preset, rows, claim_results(claim, preset, rows)))
+                at = claim.at(preset)
+                partial.append((at, preset, rows, claim_results(at, preset, rows)))
     _holm(partial)
     first_reader: dict[tuple, str] = {}
     for claim, preset, rows, results in partial:
