@@ -58,13 +58,13 @@ T1_IMAGE = {"smoke": _GEN_SMOKE.format(task="digits, masked-patch reconstruction
 T1_TEXT = {"smoke": _GEN_SMOKE.format(task="concept-to-sentence task built from Shakespeare"),
            "decide": _GEN_DECIDE.format(task="concept-to-sentence task built from Shakespeare", metric="NLL"),
            "paper": "paper task"}
-IMAGE_METRIC = by_preset(decide="mse", any="fid_top50")
+IMAGE_METRIC = by_preset(decide="mse", any="fid_top50")  # the decide preset: MSE (FID secondary)
 # Tables 3 and 4 at the decide preset: the held-out MSE / NLL (val_loss is the half tuning and early stopping read).
 ABLATION_IMAGE = by_preset(decide="mse", any="val_loss")
 ABLATION_TEXT = by_preset(decide="nll", any="val_loss")
-_ABLATION_DECIDE = ("stand-in: {task}, held-out validation {metric} (decide preset: each row tuned as an arm of its own "
-                    "on one lr × weight-decay grid on validation, then 10 seeds at its best, early stopping on "
-                    "validation)")  # the decide preset: MSE (FID secondary)
+_ABLATION_DECIDE = ("stand-in: {task}, held-out validation {metric} (decide preset: each row tuned as an arm of its "
+                    "own on one lr × weight-decay grid on validation, then 10 seeds at its best, early stopping on "
+                    "validation)")
 DIGITS = by_preset(smoke="digits", decide="digits", paper="cifar10")
 # The text task's metric: BERTScore (smoke) / BARTScore (paper), higher is better; the decide preset: held-out NLL.
 TEXT_METRIC = by_preset(smoke="bertscore_f1", decide="nll", paper="bartscore")
@@ -86,12 +86,14 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("T1.cifar100", "DAMCHA has the best CIFAR-100 FID@Top-50 of the seven methods", "Table 1",
           "53.7560 (MHA 59.6860)", "table1_generation", IMAGE_METRIC, "lower", "relative",
           versus_all(paper={"mha": 9.94}), "Table 1", T1_IMAGE, ("paper",),
-          where={"dataset": by_preset(smoke="digits", decide="digits", paper="cifar100")}, controls=EXPLAINING, paper_scale=T1_SCALE),
+          where={"dataset": by_preset(smoke="digits", decide="digits", paper="cifar100")}, controls=EXPLAINING,
+          paper_scale=T1_SCALE),
     Claim("T1.wmt", "DAMCHA has the best WMT BARTScore of the seven methods, +35.7 % vs MHA", "Table 1, §5.1",
           "−5.4451 (MHA −8.4740)", "table1_generation", TEXT_METRIC, TEXT_BETTER,
           "relative", versus_all(paper={"mha": 35.7}), "Table 1", {**T1_TEXT, "smoke": T1_TEXT["smoke"] + "; "
           "BERTScore F1 stands in for BARTScore (no BART weights offline)"}, ("paper",),
-          where={"dataset": by_preset(smoke="concepts", decide="concepts", paper="wmt14")}, controls=EXPLAINING, paper_scale=T1_SCALE),
+          where={"dataset": by_preset(smoke="concepts", decide="concepts", paper="wmt14")}, controls=EXPLAINING,
+          paper_scale=T1_SCALE),
     Claim("T1.commongen", "DAMCHA has the best CommonGen BARTScore of the seven methods", "Table 1",
           "−5.6142 (MHA −5.9250)", "table1_generation", TEXT_METRIC, TEXT_BETTER, "relative",
           versus_all(paper={"mha": 5.25}), "Table 1",
@@ -180,7 +182,8 @@ CLAIMS: tuple[Claim, ...] = (
           "Table 4", {"smoke": "stand-in: concept-to-sentence task, validation NLL",
                       "decide": _ABLATION_DECIDE.format(task="concept-to-sentence task", metric="NLL"),
                       "paper": "CommonGen, validation NLL (the paper scores BARTScore)"},
-          where={"dataset": by_preset(smoke="concepts", decide="concepts", paper="commongen")}, paper_scale="as T4.sharing"),
+          where={"dataset": by_preset(smoke="concepts", decide="concepts", paper="commongen")},
+          paper_scale="as T4.sharing"),
     # ---- Tables 5 and 6 ------------------------------------------------------------------------------------------
     Claim("T5.mix", "DAMCHA reaches a lower LM loss than MHA and DCMHA (on Mix −5.19 % vs MHA, −3.70 % vs DCMHA)",
           "Table 5, §5.4, pp. 8–9", "−5.19 % vs MHA, −3.70 % vs DCMHA (Mix)", "table5_gpt2", "test_loss", "lower",
