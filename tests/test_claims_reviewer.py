@@ -102,19 +102,25 @@ def test_two_claims_on_the_same_rows_are_decided_once_and_counted_once_in_holm()
     assert "same rows as T1.cifar10" in verdict_frame([a, b]).iloc[1]["ours (effect, interval, n)"]
 
 
-def test_an_arm_with_empty_outputs_is_not_ok_and_its_comparison_is_not_decidable(tmp_path):
-    folder = tmp_path / "table1_generation"
+def _text_cells(folder: Path, hypothesis, rows_of) -> pd.DataFrame:
+    """A text store: per (seed, arm) a per-sample file of four ``hypothesis(v, s)``, rows ``rows_of(base, v, s)``."""
     (folder / "per_sample").mkdir(parents=True)
     rows = []
     for s in range(N):
         for v in ("mha", "damcha"):
             f = folder / "per_sample" / f"{v}-{s}.jsonl"
-            hyp = "" if v == "mha" else f"thou art a gentle knight of seed {s}"
-            f.write_text("\n".join(json.dumps({"hypothesis": hyp, "reference": "x"}) for _ in range(4)))
-            rows.append({"dataset": "concepts", "seed": s, "variant": v, "flavor": "paper", "metric": "bertscore_f1",
-                         "value": 0.2 + 0.01 * s if v == "damcha" else 0.1, "status": "ok",
-                         "per_sample": f"per_sample/{v}-{s}.jsonl"})
-    df = pd.DataFrame(rows)
+            f.write_text("\n".join(json.dumps({"hypothesis": hypothesis(v, s), "reference": "x"}) for _ in range(4)))
+            base = {"dataset": "concepts", "seed": s, "variant": v, "flavor": "paper", "status": "ok",
+                    "per_sample": f"per_sample/{v}-{s}.jsonl"}
+            rows += rows_of(base, v, s)
+    return pd.DataFrame(rows)
+
+
+def test_an_arm_with_empty_outputs_is_not_ok_and_its_comparison_is_not_decidable(tmp_path):
+    folder = tmp_path / "table1_generation"
+    df = _text_cells(folder, lambda v, s: "" if v == "mha" else f"thou art a gentle knight of seed {s}",
+                     lambda base, v, s: [{**base, "metric": "bertscore_f1",
+                                          "value": 0.2 + 0.01 * s if v == "damcha" else 0.1}])
     gated, checked = apply_gate(df, folder)
     assert checked and set(gated.loc[gated["variant"] == "mha", "status"]) == {NOT_LEARNED}
     assert set(gated.loc[gated["variant"] == "damcha", "status"]) == {"ok"}
@@ -129,20 +135,13 @@ def test_looping_generations_gate_the_text_scores_but_not_the_teacher_forced_nll
     """An arm whose greedy outputs repeat fails BERTScore claims, but its held-out NLL (which beats the unigram) is
     still compared; an arm whose NLL does not beat the unigram fails every metric."""
     folder = tmp_path / "table1_generation"
-    (folder / "per_sample").mkdir(parents=True)
-    rows = []
-    for s in range(N):
-        for v in ("mha", "damcha"):
-            f = folder / "per_sample" / f"{v}-{s}.jsonl"
-            f.write_text("\n".join(json.dumps({"hypothesis": "the the the the the the", "reference": "x"})
-                                   for _ in range(4)))
-            base = {"dataset": "concepts", "seed": s, "variant": v, "flavor": "paper", "status": "ok",
-                    "phase": "tuned", "per_sample": f"per_sample/{v}-{s}.jsonl"}
-            nll = (2.0 if v == "mha" else 1.8) + 0.01 * s
-            rows += [{**base, "metric": "nll", "value": nll}, {**base, "metric": "bertscore_f1", "value": 0.3},
-                     {**base, "metric": "val_loss", "value": nll}, {**base, "metric": "trivial_val_loss",
-                                                                   "value": 3.3}]
-    df = pd.DataFrame(rows)
+
+    def rows_of(base, v, s):
+        nll, base = (2.0 if v == "mha" else 1.8) + 0.01 * s, {**base, "phase": "tuned"}
+        return [{**base, "metric": "nll", "value": nll}, {**base, "metric": "bertscore_f1", "value": 0.3},
+                {**base, "metric": "val_loss", "value": nll}, {**base, "metric": "trivial_val_loss", "value": 3.3}]
+
+    df = _text_cells(folder, lambda v, s: "the the the the the the", rows_of)
     gated, _ = apply_gate(df, folder)
     assert set(gated.loc[gated["metric"] == "bertscore_f1", "status"]) == {NOT_LEARNED}
     assert set(gated.loc[gated["metric"] == "nll", "status"]) == {"ok"}
