@@ -90,3 +90,33 @@ def test_the_index_flags_a_section_whose_code_changed_after_its_run(tmp_path):
 
     git("revert", "--no-edit", "HEAD")  # undone: the code at HEAD is the run's again, so are its numbers
     assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+
+
+def test_a_store_remade_outside_the_driver_does_not_take_the_drivers_older_record(tmp_path):
+    """run_all.json keeps its record of a script after the folder is remade by running the script directly: that
+    record's commit and timings are then not the store's, so the section and the freshness check ignore it."""
+    from attention_zoo.experiments.freshness import driver_entry, section_commits
+
+    folder = tmp_path / "synthetic_decide"
+    folder.mkdir()
+    command = "python reproduce/synthetic.py --preset decide"
+    run = {"run_id": "R", "command": "python reproduce/all.py", "preset": "decide", "git_commit": "old1234",
+           "time_utc": "2026-01-01T01:00:00+00:00", "total_wall_s": 600.0}
+    record = {"runs": [run], "scripts": {"synthetic_decide": {"run_id": "R", "command": command, "wall_s": 590.0,
+                                                              "cpu_s": 1000.0, "exit_code": 0}}}
+    (tmp_path / "run_all.json").write_text(json.dumps(record))
+
+    def sitting(stamp: str, commit: str) -> None:
+        (folder / "synthetic.env.json").write_text(json.dumps({"command": "reproduce/synthetic.py --preset decide",
+                                                               "git_commit": commit, "time_utc": stamp}))
+
+    sitting("2026-01-01T01:00:02+00:00", "old1234")  # made by the driver's run
+    assert driver_entry(folder, record, "synthetic_decide") == record["scripts"]["synthetic_decide"]
+    sitting("2026-01-03T05:00:00+00:00", "new5678")  # remade directly, two days later
+    assert driver_entry(folder, record, "synthetic_decide") is None
+    assert section_commits(folder, record, "synthetic_decide") == ["new5678"]
+    md = build_index(tmp_path).read_text()
+    assert "`synthetic_decide`: made outside `all.py`, in sittings: `reproduce/synthetic.py --preset decide` at " \
+           "`new5678`" in md
+    assert "590 s" not in md.split("## Figure 12 (decide)")[1]  # the driver's timing is not shown as the store's
+    assert "(superseded: its folder was remade outside `all.py`, below)" in md

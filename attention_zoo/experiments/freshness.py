@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 
@@ -81,14 +82,53 @@ def _git(root: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def section_commits(folder: Path, run_record: dict, script: str) -> list[str]:
-    """Commits of the runs behind a results folder: its ``.env.json`` records (and their sittings) and the
-    driver's record of ``script``."""
+def sittings(folder: Path) -> list[dict]:
+    """The sittings behind a results folder: its ``.env.json`` records and the earlier runs each lists."""
     out = []
     for env_file in sorted(folder.glob("*.env.json")):
         env = json.loads(env_file.read_text())
-        out += [env.get("git_commit")] + [r.get("git_commit") for r in env.get("runs") or []]
-    rec = (run_record.get("scripts") or {}).get(script) or {}
+        out += [env] + list(env.get("runs") or [])
+    return sorted(out, key=lambda s: str(s.get("time_utc")))
+
+
+def _script_file(command: str | None) -> str | None:
+    return next((Path(t).name for t in (command or "").split() if t.endswith(".py")), None)
+
+
+def _utc(stamp: str | None) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def driver_entry(folder: Path, run_record: dict, script: str) -> dict | None:
+    """The driver's (``all.py``) record of ``script`` if that run made this folder's store, else None: a store made
+    later by running its script directly keeps an older driver record beside it, whose commit and times are not its
+    own. The record counts when one of the folder's sittings of the same script started inside that driver run, or
+    when the folder has no such sitting to check it against."""
+    rec = (run_record.get("scripts") or {}).get(script)
+    if not rec:
+        return None
+    run = next((r for r in run_record.get("runs") or [] if r.get("run_id") == rec.get("run_id")), {})
+    mine = [_utc(s.get("time_utc")) for s in sittings(folder)
+            if _script_file(s.get("command")) == _script_file(rec.get("command"))]
+    mine = [t for t in mine if t is not None]
+    start = _utc(run.get("time_utc"))
+    if not mine or start is None:
+        return rec
+    # a run still going has no total yet: any later sitting is its own
+    end = start + timedelta(seconds=float(run["total_wall_s"]) + 60) if run.get("total_wall_s") else None
+    inside = any(start - timedelta(seconds=60) <= t and (end is None or t <= end) for t in mine)
+    return rec if inside else None
+
+
+def section_commits(folder: Path, run_record: dict, script: str) -> list[str]:
+    """Commits of the runs behind a results folder: its sittings and the driver's record of ``script`` where that
+    run made the folder (``driver_entry``)."""
+    out = [s.get("git_commit") for s in sittings(folder)]
+    rec = driver_entry(folder, run_record, script) or {}
     out += [r.get("git_commit") for r in run_record.get("runs") or [] if r.get("run_id") == rec.get("run_id")]
     return sorted({c for c in out if c and c != "unknown"})
 
@@ -127,4 +167,4 @@ def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[s
             f"on ({shown}): rerun it to bring it to HEAD.")
 
 
-__all__ = ["code_files", "freshness_line", "later_changes", "section_commits"]
+__all__ = ["code_files", "driver_entry", "freshness_line", "later_changes", "section_commits", "sittings"]

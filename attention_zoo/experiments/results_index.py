@@ -15,7 +15,7 @@ from pathlib import Path
 from ..claims import verdict_frame, verdict_markdown, verdicts_for
 from ..io import atomic_write_csv, atomic_write_text, read_jsonl
 from ..registry import get_attention_spec, list_attentions
-from .freshness import freshness_line
+from .freshness import driver_entry, freshness_line, sittings
 from .protocol import EXPERIMENTS
 from .results_index_notes import DISCREPANCIES, ROWSUM, baseline_flavours, paper_blocks, rowsum_numbers
 
@@ -162,14 +162,36 @@ def _how_made(record: dict, results: Path) -> list[str]:
             out.append("  - **the machine was not idle when the run started** (load average > 0.5): timings may "
                        "be inflated; the noise guard marks affected latencies")
     out += ["", "| section(s) | script | wall | CPU | exit | load start → end | run |", "|---|---|---|---|---|---|---|"]
+    superseded = {name for name in scripts if driver_entry(results / name, record, name) is None}
     for name, rec in scripts.items():
         secs = ", ".join(s.name for s in SECTIONS if s.script == name) or name
+        old = " (superseded: its folder was remade outside `all.py`, below)" if name in superseded else ""
         out.append(f"| {secs} | `{name}` | {_fmt_s(rec.get('wall_s'))} | {_fmt_s(rec.get('cpu_s'))} | "
                    f"{rec.get('exit_code')} | {rec.get('loadavg_start', 0):.1f} → {rec.get('loadavg_end', 0):.1f} | "
-                   f"`{rec.get('run_id')}` |")
+                   f"`{rec.get('run_id')}`{old} |")
     out += ["", "Commands (in run order):", ""]
     out += [f"- `{name}`: `{rec.get('command')}`" for name, rec in scripts.items()]
-    return out + [""] + _resumed_stores(results)
+    return out + [""] + _direct_runs(record, results) + _resumed_stores(results)
+
+
+def _sitting_text(s: dict) -> str:
+    return f"`{s.get('command')}` at `{str(s.get('git_commit'))[:7]}`, started {s.get('time_utc')}"
+
+
+def _direct_runs(record: dict, results: Path) -> list[str]:
+    """Section folders whose store was made by running its script directly, not through ``all.py`` (no driver
+    timing applies to them: each cell's own training time is in its rows)."""
+    out = []
+    for script in dict.fromkeys(sec.script for sec in SECTIONS):
+        folder = results / script
+        runs = sittings(folder)
+        if runs and driver_entry(folder, record, script) is None:
+            out.append(f"- `{script}/`: " + "; ".join(_sitting_text(r) for r in runs))
+    if not out:
+        return []
+    return ["**Made outside `all.py`**: these folders' stores were made by running their script directly (in "
+            "sittings, each named by its command, commit and start); `run_all.json` has no timing of them.", "",
+            *out, ""]
 
 
 def _resumed_stores(results: Path) -> list[str]:
@@ -216,13 +238,15 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
     folder = results / sec.script
     if sec.optional and not folder.is_dir():
         return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
-    scripts = record.get("scripts") or {}
     if section_modules(sec):
         out += [freshness_line(folder, record, sec.script, section_modules(sec)), ""]
-    rec = scripts.get(sec.script)
+    rec = driver_entry(folder, record, sec.script)
     if rec:
         out.append(f"Script `{sec.script}`: {_fmt_s(rec.get('wall_s'))} wall, {_fmt_s(rec.get('cpu_s'))} CPU, "
                    f"exit {rec.get('exit_code')}; `{rec.get('command')}`")
+    elif sittings(folder):
+        out.append(f"Script `{sec.script}`: made outside `all.py`, in sittings: "
+                   + "; ".join(_sitting_text(r) for r in sittings(folder)) + ".")
     else:
         out.append(f"Script `{sec.script}`: not in the run record (`run_all.json`).")
     out.append("")
