@@ -42,10 +42,14 @@ def _init_worker(parent: int, init, forked: bool = False) -> None:
     die_with_parent(parent)  # a killed driver leaves no worker behind
     if forked:
         # libgomp is not fork-safe: once the driver has run an OpenMP region, a forked child's first multi-threaded
-        # op waits forever for threads that were not copied. One thread per worker (the workers share the cores).
+        # op waits forever for threads that were not copied. One thread per worker (the workers share the cores),
+        # for torch and for numpy's BLAS too: two workers' spinning OpenBLAS threads on two cores made an FID's
+        # eigendecomposition take minutes.
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(1)
+        threadpool_limits(1)
     if init is not None:
         init()
 
