@@ -210,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p = ExperimentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
                          formatter_class=HelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--preset", choices=PRESETS, default="smoke",
-                   help="smoke: the whole paper on embedded data (hours on 2 CPU cores); decide: the synthetic "
-                        "sweeps trained to a plateau (hours); results/README.md has each script's measured time; "
+                   help="smoke: the whole paper on embedded data (hours on 2 CPU cores); decide: Tables 1, 3-6 and "
+                        "Figures 12-13 with every arm tuned on validation, 10 seeds each, trained to a plateau "
+                        "(hours each); results/README.md has each script's measured time; "
                         "paper: the scripts' paper presets; tiny: seconds per script, for tests")
     p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--out", dest="results", type=Path, default=Path("results"), help="root of the per-script folders")
