@@ -174,8 +174,9 @@ def _how_made(record: dict, results: Path) -> list[str]:
     return out + [""] + _direct_runs(record, results) + _resumed_stores(results)
 
 
-def _sitting_text(s: dict) -> str:
-    return f"`{s.get('command')}` at `{str(s.get('git_commit'))[:7]}`, started {s.get('time_utc')}"
+def _sittings_text(runs: list[dict]) -> str:
+    return "; ".join(f"`{s.get('command')}` at `{str(s.get('git_commit'))[:7]}`, started {s.get('time_utc')}"
+                     for s in runs)
 
 
 def _direct_runs(record: dict, results: Path) -> list[str]:
@@ -186,7 +187,7 @@ def _direct_runs(record: dict, results: Path) -> list[str]:
         folder = results / script
         runs = sittings(folder)
         if runs and driver_entry(folder, record, script) is None:
-            out.append(f"- `{script}/`: " + "; ".join(_sitting_text(r) for r in runs))
+            out.append(f"- `{script}/`: {_sittings_text(runs)}")
     if not out:
         return []
     return ["**Made outside `all.py`**: these folders' stores were made by running their script directly (in "
@@ -244,9 +245,8 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
     if rec:
         out.append(f"Script `{sec.script}`: {_fmt_s(rec.get('wall_s'))} wall, {_fmt_s(rec.get('cpu_s'))} CPU, "
                    f"exit {rec.get('exit_code')}; `{rec.get('command')}`")
-    elif sittings(folder):
-        out.append(f"Script `{sec.script}`: made outside `all.py`, in sittings: "
-                   + "; ".join(_sitting_text(r) for r in sittings(folder)) + ".")
+    elif runs := sittings(folder):
+        out.append(f"Script `{sec.script}`: made outside `all.py`, in sittings: {_sittings_text(runs)}.")
     else:
         out.append(f"Script `{sec.script}`: not in the run record (`run_all.json`).")
     out.append("")
