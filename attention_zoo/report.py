@@ -20,18 +20,20 @@ def table_blocks(lines: list[str]) -> list[str]:
     return [*lines[:2], "\n".join(lines[2:])] if len(lines) > 2 else lines
 
 
-def setting_note(df: pd.DataFrame) -> str | None:
-    """A figure's caption line for a tuned preset: the learning rate and weight decay each arm ran at (its own
-    choice on validation); None where the rows carry no tuned setting."""
-    cols = ["variant", "flavor", "lr", "weight_decay"]
+def setting_note(df: pd.DataFrame, arms: tuple[str, ...] = ("variant", "flavor")) -> str | None:
+    """A figure's caption line for a tuned preset: the learning rate and weight decay each arm (the ``arms``
+    columns, e.g. with ``dataset`` where each dataset tunes its own) ran at, its own choice on validation; None where
+    the rows carry no tuned setting."""
+    cols = [*arms, "lr", "weight_decay"]
     if not set(cols + ["phase"]) <= set(df):
         return None
     rows = df.loc[df["phase"] == "tuned", cols].dropna()
     if rows.empty:
         return None
     rows = rows.drop_duplicates().sort_values(cols)
-    arms = "; ".join(f"{r.variant}/{r.flavor} lr {r.lr:g}, wd {r.weight_decay:g}" for r in rows.itertuples())
-    return f"Each arm at its own setting, chosen on validation before its seeds ran: {arms}."
+    arms_text = "; ".join(f"{'/'.join(str(r[a]) for a in arms)} lr {r['lr']:g}, wd {r['weight_decay']:g}"
+                          for _, r in rows.iterrows())
+    return f"Each arm at its own setting, chosen on validation before its seeds ran: {arms_text}."
 
 
 def wide_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str = "value") -> pd.DataFrame:

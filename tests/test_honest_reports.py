@@ -303,6 +303,9 @@ def test_a_tuned_figure_names_each_arms_setting_and_its_reference(tmp_path, monk
     assert note.endswith("damcha/paper lr 0.002, wd 0.1; mha/paper lr 0.004, wd 0.1.") and "0.001" not in note
     assert setting_note(pd.DataFrame(rows).drop(columns="phase")) is None
     assert setting_note(pd.DataFrame(rows).assign(phase="tune")) is None
+    per_set = pd.concat([pd.DataFrame(rows).assign(dataset=ds, lr=lr) for ds, lr in (("digits", 4e-3), ("text", 1e-3))])
+    per_note = setting_note(per_set, arms=("dataset", "variant"))  # each dataset tunes its own: both choices named
+    assert "digits/mha lr 0.004, wd 0.1" in per_note and "text/mha lr 0.001, wd 0.1" in per_note
     deltas = pd.DataFrame({"arm": ["damcha/paper"], "panel": ["test bpc"], "mean": [1.0], "low": [0.5],
                            "high": [1.5], "n": [10]})
     seen = {}

@@ -114,5 +114,5 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict, store=None) -> tuple
         plots.delta_plot(shown, "panel", ctx.out / f"{NAME}_delta.png",
                          f"Table 1 ({ctx.preset_name}: {sets}; n = {n} seeds; {env.get('device_name')}): seed-paired "
                          "change vs MHA/paper, mean and 95 % interval", "change vs MHA (% of MHA's value)",
-                         reference="MHA/paper", note=report.setting_note(df))
+                         reference="MHA/paper", note=report.setting_note(df, arms=("dataset", "variant", "flavor")))
     return comp, verdicts

@@ -15,21 +15,16 @@ the generated metric only, as in the DAMCHA authors' code; a static M0 (``use_ml
 
 Smoke: digits (patch task), depths {1, 2, 3} (``--depths``), five seeds, 64 scored images per inference row.
 Decide (``generation.decide``): the same depths to a validation plateau, each depth tuned as an arm of its own, ten
-seeds at its best. Sized from the smoke store (≈ 45 ms per step of DAMCHA on digits): 3 depths × 22 runs × 1,000
-steps ≈ 3,000 CPU-s + scoring (4 inference rows × 30 final cells) ≈ 1,300 ≈ 1.2 core-hours ≈ 0.6 h on 2 cores.
+seeds at its best. Sized from the smoke store (≈ 45 ms per step of DAMCHA on digits): 3 depths × 26 runs (16
+tuning, 10 final) × 1,000 steps ≈ 3,500 CPU-s + scoring (4 inference rows × 30 final cells) ≈ 1,300 ≈ 1.3
+core-hours ≈ 0.7 h on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import math
 
-import pandas as pd
-
-from ... import plots, report
-from ...claims import frame_verdicts, verdict_markdown
-from ...claims.stats import t_interval
 from ...registry import get_attention_spec
 from ...variants.damcha import set_block_scales
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
@@ -40,8 +35,6 @@ from .training import train_and_score
 
 NAME = "table3_depth_blocks"
 INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")
-PAPER = {"full FID@Top-50 at depth 9": 58.64, "full FID@Top-50 at depth 1": 77.97,
-         "best diagonal-only FID@Top-50": 98.703}
 
 
 def block_scales(n_heads: int) -> dict[str, tuple[float, float]]:
@@ -79,103 +72,10 @@ def cell_rows(ctx, cell: dict) -> list[dict] | None:
     return None if rows is None else [{**r, "depth": k} for r in rows]
 
 
-def _get(df: pd.DataFrame, depth: int, inference: str, metric: str = "fid_top50") -> float:
-    v = df[(df["depth"] == depth) & (df["inference"] == inference) & (df["metric"] == metric)]["value"]
-    return float(v.mean()) if len(v) else math.nan
+def _write_report(*args, **kwargs):
+    from .table3_report import write_report  # render-only; it reads this module's rows and names
 
-
-def paper_comparison(df: pd.DataFrame) -> pd.DataFrame:
-    """The paper's FID@Top-50 values (CIFAR-10) beside ours: on a stand-in "not comparable", a depth not run "not
-    run"."""
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return pd.DataFrame()
-    ds = "cifar10" if "cifar10" in set(ok["dataset"]) else ok["dataset"].iloc[0]
-    ok = ok[ok["dataset"] == ds]
-    depths = sorted(ok["depth"].unique())
-    full = {k: _get(ok, k, "full") for k in depths}
-    best_diag = min((_get(ok, k, "diag_only") for k in depths), default=math.nan)
-    where = "CIFAR-10" + ("" if ds == "cifar10" else f" (paper) · {ds} (ours)")
-    entries = []
-    for (what, paper), ours, k in zip(PAPER.items(), (full.get(9, math.nan), full.get(1, math.nan), best_diag),
-                                      (9, 1, None)):
-        note = "" if ds == "cifar10" else f"{gc.NOT_COMPARABLE} ({ds} stand-in vs CIFAR-10)"
-        if k is not None and k not in full:
-            note = f"not run: depth {k} is not in this run (depths {', '.join(map(str, depths))})"
-        entries.append({"what": f"{where}: {what}", "paper": paper, "ours": ours, "note": note})
-    return report.comparison_frame(entries)
-
-
-def temperature_rows(df: pd.DataFrame, metric: str = "val_loss") -> pd.DataFrame:
-    """Per depth: each block-scaled inference against the temperature-scaled full metric it would equal if the H
-    blocks of a block row were equal (docs/variants.md §7.4): gap = |row − scaled full| / |row − full|."""
-    ok = df[df["status"] == "ok"]
-    rows = []
-    for k in sorted(ok["depth"].unique()):
-        v = {i: _get(ok, k, i, metric) for i in INFERENCE}
-        rows.append({"depth": int(k), **{f"{metric} {i}": v[i] for i in INFERENCE},
-                     "gap diag-only vs full/H": abs(v["diag_only"] - v["full_over_H"]) / abs(v["diag_only"] - v["full"])
-                     if v["diag_only"] != v["full"] else math.nan,
-                     "gap off-diag-only vs full·(H−1)/H":
-                     abs(v["off_diag_only"] - v["full_times_H1_over_H"]) / abs(v["off_diag_only"] - v["full"])
-                     if v["off_diag_only"] != v["full"] else math.nan})
-    return pd.DataFrame(rows)
-
-
-BETTER = {"val_loss": "lower", "mse": "lower", "fid_top50": "lower"}
-
-
-def _metric(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    return df[df["metric"] == name]
-
-
-def write_report(ctx, df: pd.DataFrame, env: dict, store=None) -> tuple[pd.DataFrame, list]:
-    if df.empty:
-        return pd.DataFrame(), []
-    df = df.assign(depth=df["setting"].map(depth_of)) if "depth" not in df else df
-    comp = paper_comparison(df)
-    verdicts = frame_verdicts(NAME, ctx.preset_name, df, getattr(store, "path", None), getattr(store, "context_id", ""))
-    deltas_md, deltas = gc.paired_section(df, BETTER, {"inference": "full"}, "full DAMCHA (same depth and seed)",
-                                          arm_cols=("inference",), columns=("depth", "metric"))
-    temp = temperature_rows(df)
-    H = ctx.preset.n_heads
-
-    def by_depth(m: str) -> pd.DataFrame:
-        wide = gc.flat_wide(_metric(df, m), ["dataset", "variant", "depth"], ["inference"])
-        return wide[[c for c in ["dataset", "variant", "depth", *INFERENCE] if c in wide.columns]]  # one order
-
-    notes = [gc.seeds_line(df, ctx, "depth and inference row"), *gc.image_text_notes(df, ctx),
-             f"Generator depth k = k − 1 hidden layers of width {ctx.preset.depth_width} + the output layer. One "
-             "model per depth and seed; the columns are inference-time block scales on it: full (1, 1), diag_only "
-             f"(1, 0), off_diag_only (0, 1), full_over_H (1/H, 1/H), full_times_H1_over_H ((H−1)/H, (H−1)/H), H = {H}.",
-             "## Verdicts on the paper's claims (Table 3)", "", verdict_markdown(verdicts), *deltas_md,
-             "## What the block ablation can show under RowSum (docs/variants.md §7.4)",
-             "Head i sees only m_i = Σ_j M_ij, so every block of a block row receives the same gradient and the blocks "
-             "differ only by their initialisation. If they were equal, diagonal-only would be the full metric × 1/H "
-             f"and off-diagonal-only the full metric × (H−1)/H = {(H - 1) / H:.3f}: temperature changes, not a loss "
-             "or gain of cross-head information. The gap columns measure how far each row is from that scaled full "
-             "metric, relative to its distance from the full one (validation loss, seed means): a gap well below 1 "
-             "means the row behaves as a temperature change, so its ordering against the full metric says nothing "
-             "about cross-head information; a gap near or above 1 means the blocks have diverged from equality.",
-             report.markdown_table(temp, floatfmt=".4g"),
-             *gc.params_section(df, ("variant", "depth")),
-             "## Validation loss (seed means)", report.markdown_table(by_depth("val_loss")),
-             "## MSE (seed means)", report.markdown_table(by_depth("mse")),
-             "## FID@Top-50 (seed means; secondary: 50 of the scored images, see above)"]
-    report.write_tables(ctx.out, NAME, df, by_depth("fid_top50"), env,
-                        "Table 3: generator depth × block ablation", "\n\n".join(notes), comparison=comp)
-    ok = _metric(df, "val_loss")[lambda d: d["status"] == "ok"]
-    if not ok.empty:
-        band = [{"inference": i, "depth": int(k), **dict(zip(("mean", "low", "high"), t_interval(g["value"])))}
-                for (i, k), g in ok.groupby(["inference", "depth"])]
-        n = int(ok.groupby(["inference", "depth"])["seed"].nunique().min())
-        plots.interval_plot(pd.DataFrame(band), "depth", "inference", ctx.out / f"{NAME}.png",
-                            f"Table 3 ({ctx.preset_name}: {'/'.join(sorted(set(df['dataset'])))}; n = {n} seed"
-                            f"{'s' if n > 1 else ''}; {env.get('device_name')}): validation loss vs generator depth"
-                            + ("; mean and 95 % interval" if n > 1 else "; one seed: no interval"),
-                            "validation loss (masked-patch MSE, pixels in [−1, 1])", "generator depth k (layers)",
-                            zero=False, integer_x=True)
-    return comp, verdicts
+    return write_report(*args, **kwargs)
 
 
 def run(args) -> int:
@@ -191,11 +91,11 @@ def run(args) -> int:
     if args.preset == "decide":
         arms = [arm_of(ctx.cell(ds, v, f, f"depth{k}", 0)) for ds in datasets
                 for v, f in variant_flavours(variants, args.flavour) for k in depths]
-        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
+        return run_decide(args, __name__, ctx, store, arms, clock, _write_report, NAME)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
 
-    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, _write_report, NAME)
 
 
 @experiment_main

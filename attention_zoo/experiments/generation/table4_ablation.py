@@ -19,19 +19,15 @@ task), seed-paired against DAMCHA; FID@Top-50 and BERTScore stay as secondary co
 Smoke: digits (patch task) + the embedded concept task; BARTScore needs a local facebook/bart-base (else NaN).
 Decide (``generation.decide``): the same tasks to a validation plateau, each row tuned as an arm of its own, ten
 seeds at its best. Sized from the smoke store (per step, digits + concepts: full 61 + 79, no_sharing 98 + 117,
-no_fx 35 + 49, no_both 36 + 50 ms): 22 runs × 1,000 steps ≈ 11,500 CPU-s + scoring ≈ 1,200 ≈ 3.5 core-hours ≈
-1.8 h on 2 cores with no early stop (the ceiling).
+no_fx 35 + 49, no_both 36 + 50 ms): 26 runs (16 tuning, 10 final) × 1,000 steps ≈ 13,600 CPU-s + scoring ≈
+1,200 ≈ 4.1 core-hours ≈ 2.1 h on 2 cores with no early stop (the ceiling; early stopping ended the 3-point grid's
+run in ≈ 1.5 h).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 
-import pandas as pd
-
-from ... import plots, report
-from ...claims import frame_verdicts, verdict_markdown
 from ...registry import get_attention_spec
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
@@ -41,14 +37,6 @@ from .training import train_and_score
 NAME = "table4_ablation"
 SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),
             "no_both": ({"use_mlp": False}, False)}  # setting -> (attention options, backbone share_mlp)
-LABELS = {"full": "DAMCHA", "no_sharing": "w/o sharing", "no_fx": "w/o f(x)", "no_both": "w/o both"}
-METRICS = ("mse", "fid", "fid_top50", "nll", "bartscore", "bartscore_nll_top50", "bartscore_score_top50",
-           "bertscore_f1", "bertscore_f1_nll_top50", "bertscore_f1_score_top50")
-PAPER = (("cifar10", "fid_top50", "no_both", 17.59), ("cifar10", "fid_top50", "no_sharing", 19.59),
-         ("commongen", "bartscore_score_top50", "no_fx", -13.99), ("commongen", "bartscore", "no_fx", -26.77))
-STAND_INS = (("commongen", "bertscore_f1_score_top50", "no_fx"), ("commongen", "bertscore_f1", "no_fx"))
-
-
 def check_variant(name: str) -> str:
     """Raises ValueError unless the variant has a static-metric switch (``use_mlp``) and generator options."""
     if not {"use_mlp", "hidden_dims"} <= set(get_attention_spec(name).options):
@@ -69,74 +57,10 @@ def cell_rows(ctx, cell: dict) -> list[dict] | None:
     return train_and_score(ctx, cell, *SETTINGS[cell["setting"]])
 
 
-def relative_changes(df: pd.DataFrame) -> pd.DataFrame:
-    """% change of every row vs ``full`` per (dataset, variant, metric), seeds averaged."""
-    vals = gc.means(df, ["dataset", "variant", "setting"])
-    out = [{"dataset": ds, "variant": v, "metric": m, "setting": s,
-            "change_pct": gc.pct(x, vals.get((ds, v, "full", m)))}
-           for (ds, v, s, m), x in vals.items() if s != "full" and m in METRICS]
-    return pd.DataFrame(out)
+def _write_report(*args, **kwargs):
+    from .table4_report import write_report  # render-only; it reads this module's rows and names
 
-
-def paper_comparison(rel: pd.DataFrame) -> pd.DataFrame:
-    """The paper's quoted changes vs ours; a stand-in's value (digits, concepts) is "not comparable" (no delta)."""
-    if rel.empty:
-        return pd.DataFrame()
-    present, entries = set(rel["dataset"]), []
-    for ds, metric, setting, paper in PAPER + tuple((*s, math.nan) for s in STAND_INS):
-        ours_ds = ds if ds in present else gc.ANALOG[ds]
-        hit = rel[(rel["dataset"] == ours_ds) & (rel["metric"] == metric) & (rel["setting"] == setting)]
-        where = gc.PAPER_NAMES[ds] + ("" if ours_ds == ds else f" (paper) · {ours_ds} (ours)")
-        ours = float(hit["change_pct"].mean()) if len(hit) else math.nan
-        note = "" if ours_ds == ds else f"{gc.NOT_COMPARABLE} ({ours_ds} stand-in vs {gc.PAPER_NAMES[ds]})"
-        if ours_ds not in present or math.isnan(ours):
-            note = f"not run: no {metric} rows on {ours_ds}"
-        if math.isnan(paper):
-            note = "BERTScore stand-in (no paper number)" + (f"; {note}" if note else "")
-        entries.append({"what": f"{where}: {metric}, {LABELS[setting]} vs DAMCHA (%)", "paper": paper,
-                        "ours": ours, "note": note, "source": (ours_ds, metric, setting)})
-    return report.comparison_frame(entries)
-
-
-BETTER = {"val_loss": "lower", "mse": "lower", "fid_top50": "lower", "nll": "lower", "bertscore_f1": "higher",
-          "bartscore": "higher"}
-PANELS = {"val_loss": "validation loss ↓", "fid_top50": "FID@Top-50 ↓", "bertscore_f1": "BERTScore F1 ↑"}
-
-
-def write_report(ctx, df: pd.DataFrame, env: dict, store=None) -> tuple[pd.DataFrame, list]:
-    if df.empty:
-        return pd.DataFrame(), []
-    order = {s: i for i, s in enumerate(SETTINGS)}
-    df = df.assign(row=df["setting"].map(LABELS), order=df["setting"].map(order))
-    head = df[df["metric"].isin(METRICS + ("val_loss",))]
-    wide = gc.flat_wide(head, ["order", "row", "variant"], ["dataset", "metric"]).sort_values("order")
-    wide = wide.drop(columns="order").reset_index(drop=True)
-    rel = relative_changes(df)
-    comp = paper_comparison(rel)
-    verdicts = frame_verdicts(NAME, ctx.preset_name, df, getattr(store, "path", None), getattr(store, "context_id", ""))
-    deltas_md, deltas = gc.paired_section(df, BETTER, {"row": "DAMCHA"}, "DAMCHA", arm_cols=("row",))
-    notes = [gc.seeds_line(df, ctx, "row"), *gc.image_text_notes(df, ctx), __doc__.split("\n\n")[2].replace("\n", " "),
-             "## Verdicts on the paper's claims (Table 4)", "", verdict_markdown(verdicts), *deltas_md,
-             *gc.params_section(df, ("row",))]
-    notes.append("## Table 4 (seed means)")
-    best = {c: "max" if "score" in c else "min" for c in wide.columns if ": " in c}
-    report.write_tables(ctx.out, NAME, df, wide, env, "Table 4: input adaptivity × sharing ablation",
-                        "\n\n".join(notes), best=best, comparison=comp)
-    shown = deltas[deltas["metric"].isin(list(PANELS))].copy() if not deltas.empty else deltas
-    if not shown.empty:
-        shown["panel"] = shown["dataset"] + ": " + shown["metric"].map(PANELS)
-        paper = {}
-        for ds, metric, setting, value in PAPER:
-            ours_ds = ds if ds in set(df["dataset"]) else gc.ANALOG[ds]
-            if metric in PANELS:
-                paper[(f"{ours_ds}: {PANELS[metric]}", LABELS[setting])] = value
-        stand_in = not set(df["dataset"]) & {ds for ds, *_ in PAPER}
-        plots.delta_plot(shown, "panel", ctx.out / f"{NAME}.png",
-                         f"Table 4 ({ctx.preset_name}: {'/'.join(sorted(set(df['dataset'])))}; n = "
-                         f"{int(deltas['n'].max())} seeds; {env.get('device_name')}): seed-paired change vs DAMCHA, "
-                         "mean and 95 % interval", "change vs DAMCHA (% of DAMCHA's value)", paper=paper,
-                         paper_label="paper (CIFAR-10; a different task)" if stand_in else "paper")
-    return comp, verdicts
+    return write_report(*args, **kwargs)
 
 
 def run(args) -> int:
@@ -153,11 +77,11 @@ def run(args) -> int:
     if args.preset == "decide":
         arms = [arm_of(ctx.cell(ds, v, f, s, 0)) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
                 for s in SETTINGS if s in settings]
-        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
+        return run_decide(args, __name__, ctx, store, arms, clock, _write_report, NAME)
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
 
-    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, _write_report, NAME)
 
 
 @experiment_main
