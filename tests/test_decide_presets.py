@@ -27,8 +27,8 @@ def _main(main, argv):
 
 def test_table5_decide_declares_its_grid_and_arms(capsys):
     tuning = t5.TUNING["decide"]
-    assert len(tuning.lrs) == 4 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
-    assert min(tuning.lrs) < 2e-3 < max(tuning.lrs)  # the smoke setting lies inside the grid, not on its edge
+    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert min(tuning.lrs) < 4e-3 < max(tuning.lrs)  # the first grid's corner (every arm's choice) is now inside
     assert tuning.seeds == tuple(range(10)) and not set(tuning.tune_seeds) & set(tuning.seeds)
     assert (2e-3, 0.1) in [(g["lr"], g["weight_decay"]) for g in tuning.grid()]  # the smoke setting is a grid point
     assert t5._variants(None, "decide") == ["mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm"]
@@ -66,8 +66,7 @@ def test_table5_tiny_decide_tunes_on_validation_then_runs_the_seeds_at_the_choic
 
 def test_table6_decide_declares_its_grid_arms_and_splits(capsys):
     tuning = t6.TUNING["decide"]
-    assert len(tuning.lrs) == 4 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
-    assert min(tuning.lrs) < 2e-3 < max(tuning.lrs)  # the smoke setting lies inside the grid, not on its edge
+    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
     assert tuning.seeds == tuple(range(10)) and tuning.shared == {"lr": 2e-3, "weight_decay": 0.05}
     assert t6.DECIDE_ARMS == ("mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm")
     data = load_data(t6.PRESETS["decide"], holdout=t6.VAL_HOLDOUT["decide"])

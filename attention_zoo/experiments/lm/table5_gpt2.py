@@ -22,14 +22,15 @@ Presets:
   CPU thread unless ``--threads`` says otherwise: at this size OpenMP overhead outweighs a second core, and with
   other work on the machine two threads ran several times slower than one.
 - ``decide``: the smoke model on Shakespeare trained to a validation plateau (early stopping, patience in steps,
-  test scored at the best validation checkpoint), every arm tuned on one grid (``TUNING``; ``experiments.tuning``)
-  then ten seeds at its own best. Arms: MHA, DCMHA and DAMCHA (the claims T5.*), ``mha_pm``, ``mha_ctx``,
-  ``damcha_bm``. Runs through the protocol's plan, one cell per process (``--jobs``, default one per core).
-  Grid: lr {1e-3, 2e-3, 4e-3} × weight decay {0.01, 0.1} (the smoke setting 2e-3 / 0.1 is a grid point), scored
-  by the best-checkpoint validation loss of seeds 1000 and 1001; final seeds 0–9. Sized from one-thread step
-  times of this model (batch 16 × 64 characters, a loaded 2-core host): MHA 13, DCMHA 24, DAMCHA 40, ``mha_pm`` 41,
-  ``mha_ctx`` 29, ``damcha_bm`` 43 ms; 22 runs per arm (12 tuning, 10 final) × 3,000 steps ≈ 12,500 CPU-s + ≈ 10 %
-  evaluation ≈ 3.8 core-hours ≈ 1.9 h on 2 cores with no early stop (the ceiling). No "shared" phase (another 60
+  test scored at the best validation checkpoint), every arm tuned on one grid (``TUNING`` in ``lm.presets``;
+  ``experiments.tuning``) then ten seeds at its own best. Arms: MHA, DCMHA and DAMCHA (the claims T5.*), ``mha_pm``,
+  ``mha_ctx``, ``damcha_bm``. Runs through the protocol's plan, one cell per process (``--jobs``, default one per
+  core). Grid: lr {2e-3, 4e-3, 8e-3} × weight decay {0.1, 0.3}, 5,000 steps (a first grid, lr 1e-3..4e-3 × wd
+  0.01/0.1 at 3,000 steps, put every arm in its corner 4e-3 / 0.1, still improving at its last step), scored by
+  the best-checkpoint validation loss of seeds 1000 and 1001; final seeds 0–9. Sized from that first run's final
+  cells (one thread each, 2 workers): 37 (MHA) to 77 s (``mha_pm``) per 3,000 steps, ≈ 360 s for the six arms;
+  22 runs per arm × 5/3 × 360 s ≈ 13,200 CPU-s + ≈ 10 % evaluation ≈ 4.0 core-hours ≈ 2.0 h on 2 cores with no
+  early stop (the ceiling). No "shared" phase (another 60
   runs: 2.8 h); ``damcha_static`` is left out (Table 5 makes no f(x) claim). The stand-in learns: at 200 steps MHA's
   test loss is already 2.67 nats against the unigram's 3.29 (−19 %), where the gate asks for 1 %.
 
@@ -44,7 +45,7 @@ import json
 import math
 import resource
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -85,54 +86,9 @@ from ..common import (
     variant_flavours,
 )
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
-from ..tuning import Tuning, execute_stages, tuned_cells
-from .table5_report import NAME, PAPER_DATASETS, write_report
-
-DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
-
-
-@dataclass(frozen=True)
-class Preset:
-    datasets: tuple[str, ...]
-    n_layers: int
-    d_model: int
-    n_heads: int
-    context: int
-    dropout: float
-    train: dict
-    attention_options: dict = field(default_factory=dict)
-    eval_batch_size: int = 32
-    eval_stride: int | None = None  # None: non-overlapping windows (stride = context)
-    final_eval_batches: int | None = None  # None: the whole validation and test splits
-    threads: int | None = None  # CPU threads when --threads is not given (None: torch's default)
-
-
-PRESETS = {
-    "smoke": Preset(("shakespeare",), n_layers=2, d_model=64, n_heads=4, context=64, dropout=0.0,
-                    train=dict(max_steps=300, batch_size=16, lr=2e-3, warmup_steps=30, weight_decay=0.1,
-                               grad_clip=1.0, log_every=10, eval_every=100, eval_max_batches=2, ckpt_every=100),
-                    attention_options={"hidden_dims": (128, 128), "compact_rank": 4}, eval_batch_size=64,
-                    final_eval_batches=8, threads=1),
-    "decide": Preset(("shakespeare",), n_layers=2, d_model=64, n_heads=4, context=64, dropout=0.0,
-                     train=dict(max_steps=3000, batch_size=16, lr=2e-3, warmup_steps=100, weight_decay=0.1,
-                                grad_clip=1.0, log_every=50, eval_every=100, eval_max_batches=8, patience=500,
-                                ckpt_every=500),
-                     attention_options={"hidden_dims": (128, 128), "compact_rank": 4}, eval_batch_size=64,
-                     final_eval_batches=None, threads=1),
-    "paper": Preset(PAPER_DATASETS, n_layers=12, d_model=768, n_heads=12, context=512, dropout=0.1,
-                    train=dict(max_steps=100_000, batch_size=32, lr=2.5e-4, warmup_steps=2000, weight_decay=0.1,
-                               grad_clip=0.25, log_every=50, eval_every=2000, eval_max_batches=50, ckpt_every=1000),
-                    attention_options={"hidden_dims": (1536, 1536), "compact_rank": 4}, eval_batch_size=16),
-}
-
-
-# The decide preset's arms and grid (lr × weight decay around the smoke setting 2e-3 / 0.1), sized in its docstring.
-DECIDE_ARMS = "mha,dcmha,damcha,mha_pm,mha_ctx,damcha_bm"
-TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.01, 0.1), tune_seeds=(1000, 1001),
-                           seeds=tuple(range(10)), shared=None)}
-# Fractions of max_steps at which a final cell's test loss is read at the best validation checkpoint so far (the same
-# run seen at smaller budgets: does the answer move with training?); 1.0 is the run's own result.
-BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
+from ..tuning import execute_stages, tuned_cells
+from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, PRESETS, TUNING, Preset
+from .table5_report import NAME, write_report
 
 
 def build_parser():

@@ -14,13 +14,13 @@ from ...data.text import bpc
 from ...io import read_jsonl
 from ...results import ResultStore
 from ..tuning import Tuning, calibration_lines, report_lines
+from .presets import PAPER_DATASETS
 
 NAME = "table5_gpt2"
 REFERENCES = ("mha", "dcmha")  # the table's relative-reduction baselines
 PAPER_METHOD = "damcha"
 PAPER_REDUCTION = {("mix", "mha"): -5.19, ("mix", "dcmha"): -3.70}  # % change of DAMCHA's loss [Q]
 PAPER_VS_DCMHA_RANGE = "−1.90 … −3.70 % (range over the three datasets)"
-PAPER_DATASETS = ("enwik8", "text8", "mix")
 QUALITY = {"test_loss": "lower", "test_bpc": "lower", "val_loss": "lower"}
 
 
