@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from attention_zoo.experiments.results_index import SECTIONS, missing_outputs
@@ -73,3 +74,30 @@ def test_all_py_tiny_writes_every_section_and_figure(tmp_path):
     assert subprocess.run([sys.executable, str(ROOT / "reproduce" / "all.py"), "--index-only", "--out",
                            str(tmp_path)], env=env, capture_output=True).returncode == 0
     assert "| `table1_generation` |" in (tmp_path / "README.md").read_text()
+
+
+def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
+    """all.py passes a Ctrl-C on to its script and waits for the script's own clean stop (exit 130, cells stored)
+    instead of killing it mid-write; the interrupt is reported, not raised as a traceback."""
+    import signal
+    import threading
+
+    from attention_zoo.experiments.run_all import run_script
+
+    ready, done = tmp_path / "ready", tmp_path / "stopped cleanly"
+    child = ("import pathlib, signal, sys, time\n"
+             f"def stop(*_):\n    pathlib.Path({str(done)!r}).write_text('x')\n    sys.exit(130)\n"
+             "signal.signal(signal.SIGINT, stop)\n"
+             f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+             "time.sleep(60)\n")
+
+    def interrupt_when_ready():
+        for _ in range(600):
+            if ready.exists():
+                os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C would reach the driver
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    rc, stopped = run_script([sys.executable, "-c", child])
+    assert stopped and rc == 130 and done.exists()  # its own handler ran: not a SIGKILL (rc -9)

@@ -21,6 +21,7 @@ import os
 import resource
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -205,6 +206,22 @@ def dry_run(args: argparse.Namespace, scripts: list[str]) -> int:
     return 1 if failed else 0
 
 
+def run_script(cmd: list[str]) -> tuple[int, bool]:
+    """Run one script to its end: (exit code, interrupted). A Ctrl-C (SIGINT to this process) is passed on to the
+    script, which stores its finished cells, checkpoints the running ones and exits 130; we wait for that instead of
+    killing it mid-write (a second Ctrl-C kills it). The script dies with us (``child_preexec``): no orphan writes."""
+    proc = subprocess.Popen(cmd, preexec_fn=child_preexec())
+    try:
+        return proc.wait(), False
+    except KeyboardInterrupt:
+        try:
+            proc.send_signal(signal.SIGINT)
+            return proc.wait(), True
+        except KeyboardInterrupt:
+            proc.kill()
+            return proc.wait(), True
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     p = ExperimentParser(prog="python reproduce/all.py", description=__doc__.split("\n\n")[0],
@@ -258,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = shown_command(cmd)
             print(f"== {name}: {shown}", flush=True)
             t0, cpu0, load0 = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
-            rc = subprocess.run(cmd, preexec_fn=child_preexec()).returncode  # killed with us: no orphan writes
+            rc, stopped = run_script(cmd)
             wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
             print(f"== {name}: exit {rc} after {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
             record.setdefault("scripts", {})[name] = {
@@ -269,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             run["total_cpu_s"] = round(_children_cpu() - cpu_run, 1)
             run["loadavg_end"] = os.getloadavg()[0]
             atomic_write_json(record_path, record)  # after every script: a crash keeps the timings so far
+            if stopped:
+                print(f"all.py: interrupted during {name}; its finished cells are stored, rerun the same command to "
+                      "continue", file=sys.stderr)
+                return 130
             if rc != 0:
                 failed.append(name)
     path = build_index(results)
