@@ -120,7 +120,8 @@ def test_an_interrupted_group_resumes_with_the_same_results(tmp_path, ensemble):
 def test_decide_preset_grid_and_arms():
     args = exp.build_parser().parse_args(["--preset", "decide"])
     tuning = exp.TUNING["decide"]
-    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert len(tuning.lrs) == 5 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert min(tuning.lrs) < 1e-3 and max(tuning.lrs) > 1e-2  # the ends the first tuned run's arms chose are inside
     assert tuning.seeds == tuple(range(10)) and not set(tuning.tune_seeds) & set(tuning.seeds)
     cells = exp.build_cells(args, exp.PRESETS["decide"], "decide", tuning, [])  # nothing tuned yet
     arms = {c["variant"] for c in cells}
@@ -132,11 +133,11 @@ def test_decide_preset_grid_and_arms():
     assert all(c["lr"] is None for c in final)  # waiting for their arm's tuning
     tune = [c for c in cells if c["phase"] == "tune"]
     assert {(c["task"], c["lam"], c["d_e"]) for c in tune} == {("regression", 1.0, 8), ("classification", None, 12)}
-    assert len(tune) == 2 * 6 * 6 * 2 and {"phase", "lr", "weight_decay"} <= set(tune[0])
+    assert len(tune) == 2 * 6 * 10 * 2 and {"phase", "lr", "weight_decay"} <= set(tune[0])
     fit = exp.PRESETS["decide"].fit
     assert fit.patience and fit.eval_every and len(fit.budget_fracs) >= 4
     groups = exp.groups_of(tune)  # the grid rides the ensemble axis: one group per (task, arm)
-    assert len(groups) == 12 and all(len(g) == 12 for g in groups)
+    assert len(groups) == 12 and all(len(g) == 20 for g in groups)
 
 
 def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
