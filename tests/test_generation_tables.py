@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from attention_zoo.claims import CLAIMS, decide
 from attention_zoo.claims.data import read_store
 from attention_zoo.data.seq2seq import IGNORE_INDEX
-from attention_zoo.experiments.generation import appendix_e_kde, table1_generation, table3_depth_blocks
+from attention_zoo.experiments.generation import ablations, appendix_e_kde, table1_generation
 from attention_zoo.experiments.generation import shared as generation_common
 from attention_zoo.experiments.generation import training as generation
 from attention_zoo.io import read_jsonl
@@ -129,7 +129,7 @@ def test_table3_block_scale_rows_differ_from_full(tmp_path):
     assert (tmp_path / "table3_depth_blocks.png").is_file() and "98.7030" in res.stdout
     for depth in (1, 2):
         mse = df[(df["depth"] == depth) & (df["metric"] == "val_loss") & (df["seed"] == 0)].set_index("inference")
-        assert set(mse.index) == set(table3_depth_blocks.INFERENCE)
+        assert set(mse.index) == set(ablations.INFERENCE)
         for label in ("diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H"):
             assert mse.loc[label, "value"] != mse.loc["full", "value"], (depth, label)
     md = (tmp_path / "table3_depth_blocks.md").read_text()

@@ -29,17 +29,11 @@ from ...registry import get_attention_spec
 from ...variants.damcha import set_block_scales
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
+from .ablations import block_scales, depth_of
 from .data import IMAGE_SETS
 from .decide import arm_of, run_decide
+from .table3_report import NAME, write_report
 from .training import train_and_score
-
-NAME = "table3_depth_blocks"
-INFERENCE = ("full", "diag_only", "off_diag_only", "full_over_H", "full_times_H1_over_H")
-
-
-def block_scales(n_heads: int) -> dict[str, tuple[float, float]]:
-    off = (n_heads - 1) / n_heads
-    return dict(zip(INFERENCE, ((1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (1.0 / n_heads, 1.0 / n_heads), (off, off))))
 
 
 def check_variant(name: str) -> str:
@@ -60,22 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def depth_of(setting: str) -> int:
-    return int(setting.removeprefix("depth"))
-
-
 def cell_rows(ctx, cell: dict) -> list[dict] | None:
     k, H = depth_of(cell["setting"]), ctx.preset.n_heads
     apply = {label: functools.partial(set_block_scales, diag_scale=d, off_diag_scale=o)
              for label, (d, o) in block_scales(H).items()}
     rows = train_and_score(ctx, cell, {"hidden_dims": (ctx.preset.depth_width,) * (k - 1)}, inference=apply)
     return None if rows is None else [{**r, "depth": k} for r in rows]
-
-
-def _write_report(*args, **kwargs):
-    from .table3_report import write_report  # render-only; it reads this module's rows and names
-
-    return write_report(*args, **kwargs)
 
 
 def run(args) -> int:
@@ -91,11 +75,11 @@ def run(args) -> int:
     if args.preset == "decide":
         arms = [arm_of(ctx.cell(ds, v, f, f"depth{k}", 0)) for ds in datasets
                 for v, f in variant_flavours(variants, args.flavour) for k in depths]
-        return run_decide(args, __name__, ctx, store, arms, clock, _write_report, NAME)
+        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
     cells = [ctx.cell(ds, v, f, f"depth{k}", s) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for k in depths for s in args.seeds]
 
-    return gc.run_cells(args, __name__, ctx, store, cells, clock, _write_report, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
 @experiment_main

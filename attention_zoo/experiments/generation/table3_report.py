@@ -14,7 +14,9 @@ from ...claims.ledger import ABLATION_IMAGE
 from ...claims.spec import resolve
 from ...claims.stats import t_interval
 from . import shared as gc
-from .table3_depth_blocks import INFERENCE, NAME, depth_of
+from .ablations import INFERENCE, depth_of
+
+NAME = "table3_depth_blocks"
 
 PAPER = {"full FID@Top-50 at depth 9": 58.64, "full FID@Top-50 at depth 1": 77.97,
          "best diagonal-only FID@Top-50": 98.703}

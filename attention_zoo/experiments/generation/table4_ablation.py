@@ -8,13 +8,7 @@ BARTScore, BARTScore@Top-50 (both rules), with BERTScore F1 beside them. Quoted 
 +17.59 % with both removed and +19.59 % with sharing removed; CommonGen without input adaptivity: BARTScore@Top-50
 −13.99 %, mean BARTScore −26.77 %. Relative change = (row − full) / |full| (negative = lower score).
 
-"w/o f(x)" keeps sharing: one static metric M0 for the stack (the generator's place), while "w/o both" has one M0
-per layer, so each row is a model of its own and is trained on its own. In the authors' original code "w/o f(x)"
-was a frozen M0 buffer and the unshared generators were created lazily outside the optimizer (docs/experiments.md
-§9.2), so the paper's rows may measure something else. Every row runs with unit block scales; the static M0 takes
-no block scales at all (they act on generated metrics only). The generators' dropout is the attention dropout of
-the row's preset. Rows are scored by their held-out validation loss (``val_loss``; MSE on digits, NLL on the concept
-task), seed-paired against DAMCHA; FID@Top-50 and BERTScore stay as secondary columns.
+Rows: ``ablations.SETTINGS``; what each is and how it is scored: ``ablations.TABLE4_ROWS``.
 
 Smoke: digits (patch task) + the embedded concept task; BARTScore needs a local facebook/bart-base (else NaN).
 Decide (``generation.decide``): the same tasks to a validation plateau, each row tuned as an arm of its own, ten
@@ -31,12 +25,12 @@ import argparse
 from ...registry import get_attention_spec
 from ..common import ListAction, base_parser, experiment_main, select_variants, setup_threads, variant_flavours
 from . import shared as gc
+from .ablations import SETTINGS
 from .decide import arm_of, run_decide
+from .table4_report import NAME, write_report
 from .training import train_and_score
 
-NAME = "table4_ablation"
-SETTINGS = {"full": ({}, True), "no_sharing": ({}, False), "no_fx": ({"use_mlp": False}, True),
-            "no_both": ({"use_mlp": False}, False)}  # setting -> (attention options, backbone share_mlp)
+
 def check_variant(name: str) -> str:
     """Raises ValueError unless the variant has a static-metric switch (``use_mlp``) and generator options."""
     if not {"use_mlp", "hidden_dims"} <= set(get_attention_spec(name).options):
@@ -57,12 +51,6 @@ def cell_rows(ctx, cell: dict) -> list[dict] | None:
     return train_and_score(ctx, cell, *SETTINGS[cell["setting"]])
 
 
-def _write_report(*args, **kwargs):
-    from .table4_report import write_report  # render-only; it reads this module's rows and names
-
-    return write_report(*args, **kwargs)
-
-
 def run(args) -> int:
     """Train and score every (dataset, variant, setting, seed) cell."""
     setup_threads(args.threads)
@@ -77,11 +65,11 @@ def run(args) -> int:
     if args.preset == "decide":
         arms = [arm_of(ctx.cell(ds, v, f, s, 0)) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
                 for s in SETTINGS if s in settings]
-        return run_decide(args, __name__, ctx, store, arms, clock, _write_report, NAME)
+        return run_decide(args, __name__, ctx, store, arms, clock, write_report, NAME)
     cells = [ctx.cell(ds, v, f, s, seed) for ds in datasets for v, f in variant_flavours(variants, args.flavour)
              for seed in args.seeds for s in SETTINGS if s in settings]
 
-    return gc.run_cells(args, __name__, ctx, store, cells, clock, _write_report, NAME)
+    return gc.run_cells(args, __name__, ctx, store, cells, clock, write_report, NAME)
 
 
 @experiment_main

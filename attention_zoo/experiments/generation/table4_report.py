@@ -13,8 +13,9 @@ from ...claims import frame_verdicts, verdict_markdown
 from ...claims.ledger import ABLATION_IMAGE, ABLATION_TEXT
 from ...claims.spec import resolve
 from . import shared as gc
-from . import table4_ablation as t4
-from .table4_ablation import NAME, SETTINGS
+from .ablations import SETTINGS, TABLE4_ROWS
+
+NAME = "table4_ablation"
 
 LABELS = {"full": "DAMCHA", "no_sharing": "w/o sharing", "no_fx": "w/o f(x)", "no_both": "w/o both"}
 METRICS = ("mse", "fid", "fid_top50", "nll", "bartscore", "bartscore_nll_top50", "bartscore_score_top50",
@@ -78,8 +79,7 @@ def write_report(ctx, df: pd.DataFrame, env: dict, store=None) -> tuple[pd.DataF
     comp = paper_comparison(rel)
     verdicts = frame_verdicts(NAME, ctx.preset_name, df, getattr(store, "path", None), getattr(store, "context_id", ""))
     deltas_md, deltas = gc.paired_section(df, BETTER, {"row": "DAMCHA"}, "DAMCHA", arm_cols=("row",))
-    rows_text = t4.__doc__.split("\n\n")[2].replace("\n", " ")  # the experiment's paragraph on its rows
-    notes = [gc.seeds_line(df, ctx, "row"), *gc.image_text_notes(df, ctx), rows_text,
+    notes = [gc.seeds_line(df, ctx, "row"), *gc.image_text_notes(df, ctx), " ".join(TABLE4_ROWS.split()),
              "## Verdicts on the paper's claims (Table 4)", "", verdict_markdown(verdicts), *deltas_md,
              *gc.params_section(df, ("row",))]
     notes.append("## Table 4 (seed means)")
