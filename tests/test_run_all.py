@@ -101,3 +101,33 @@ def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     rc, stopped = run_script([sys.executable, "-c", child])
     assert stopped and rc == 130 and done.exists()  # its own handler ran: not a SIGKILL (rc -9)
+
+
+def test_a_ctrl_c_sent_to_the_driver_alone_also_reaches_the_scripts_workers(tmp_path):
+    """`kill -INT <all.py pid>` reaches only all.py; the script's workers must stop too (as a terminal Ctrl-C would
+    stop them), or the script waits on workers that keep training. The planted script has one worker process."""
+    import signal
+    import threading
+
+    from attention_zoo.experiments.run_all import run_script
+
+    ready, worker_stopped = tmp_path / "worker ready", tmp_path / "worker stopped"
+    worker = ("import pathlib, signal, sys, time\n"
+              f"def stop(*_):\n    pathlib.Path({str(worker_stopped)!r}).write_text('x')\n    sys.exit(130)\n"
+              "signal.signal(signal.SIGINT, stop)\n"
+              f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+              "time.sleep(60)\n")
+    script = ("import signal, subprocess, sys\n"
+              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # the main process waits for its worker
+              f"sys.exit(subprocess.call([sys.executable, '-c', {worker!r}]))\n")
+
+    def interrupt_when_ready():
+        for _ in range(600):
+            if ready.exists():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    rc, stopped = run_script([sys.executable, "-c", script])
+    assert stopped and rc == 130 and worker_stopped.exists()

@@ -285,13 +285,22 @@ COMPUTED = ("Every number is measured by the script that wrote it, except these,
             "table and its `.env.json`.")
 
 
+def _newest_completing_run(record: dict) -> dict | None:
+    """The newest all.py run that completed at least one section (exit 0) -- the one the report's first line names;
+    an interrupted run's record is still in "How these results were made". Falls back to the newest run."""
+    runs = record.get("runs") or []
+    done = {v.get("run_id") for v in (record.get("scripts") or {}).values() if v.get("exit_code") == 0}
+    completing = [r for r in runs if r.get("run_id") in done]
+    return (completing or runs or [None])[-1]
+
+
 def build_index(results: str | Path, preset: str | None = None) -> Path:
     """Write ``<results>/README.md`` from the files under ``results`` and ``run_all.json``."""
     results = Path(results)
     record = load_run_record(results)
-    runs = record.get("runs") or []
-    preset = preset or (runs[-1].get("preset") if runs else "smoke")
-    command = runs[-1].get("command") if runs else f"python reproduce/all.py --preset {preset}"
+    run = _newest_completing_run(record)
+    preset = preset or (run.get("preset") if run else "smoke")
+    command = run.get("command") if run else f"python reproduce/all.py --preset {preset}"
     verdicts = verdicts_for(results)
     atomic_write_text(results / "claims.md", "# Verdicts on the paper's claims\n\n" + verdict_markdown(verdicts))
     atomic_write_csv(verdict_frame(verdicts), results / "claims.csv")

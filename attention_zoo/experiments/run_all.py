@@ -208,18 +208,28 @@ def dry_run(args: argparse.Namespace, scripts: list[str]) -> int:
 
 def run_script(cmd: list[str]) -> tuple[int, bool]:
     """Run one script to its end: (exit code, interrupted). A Ctrl-C (SIGINT to this process) is passed on to the
-    script, which stores its finished cells, checkpoints the running ones and exits 130; we wait for that instead of
-    killing it mid-write (a second Ctrl-C kills it). The script dies with us (``child_preexec``): no orphan writes."""
-    proc = subprocess.Popen(cmd, preexec_fn=child_preexec())
+    script's whole process group -- its main process and its workers, as a terminal Ctrl-C would -- and the script
+    stores its finished cells, checkpoints the running ones and exits 130; we wait for that instead of killing it
+    mid-write (a second Ctrl-C kills the group). The script dies with us (``child_preexec``): no orphan writes."""
+    proc = subprocess.Popen(cmd, preexec_fn=child_preexec(), process_group=0)  # its own group: see _signal_group
     try:
         return proc.wait(), False
     except KeyboardInterrupt:
         try:
-            proc.send_signal(signal.SIGINT)
+            _signal_group(proc, signal.SIGINT)
             return proc.wait(), True
         except KeyboardInterrupt:
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             return proc.wait(), True
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    # A SIGINT to the script's pid alone leaves its workers training while the main process waits for them; the
+    # group reaches them all, whether the Ctrl-C came from a terminal or a `kill -INT` of all.py's pid.
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # already gone
+        pass
 
 
 @cli_main
