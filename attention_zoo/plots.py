@@ -132,13 +132,14 @@ def caption(fig, text: str | None, fontsize: float = 7) -> None:
 @themed
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title: str, ylabel: str,
               loglog: bool = False, errorbar=t_band, xlabel: str | None = None, panel: str | None = None,
-              panel_title: str = "{}", ref_slopes: dict[str, float] | None = None, nested: bool = False) -> Path:
+              panel_title: str = "{}", ref_slopes: dict[str, float] | None = None, nested: bool = False,
+              note: str | None = None) -> Path:
     """One line per ``hue`` series (mean over repeated rows, e.g. seeds, with an ``errorbar`` band: default the
     95 % Student-t interval), colour by variant, dashed for ``damcha_repo``, dotted for option rows; ``panel`` makes
     one subplot per value (shared y); ``loglog``: log2 x, log10 y. ``ref_slopes`` ({"∝ T²": 2, …}, log-log only)
     draws grey reference power laws through each panel's smallest x; ``nested`` draws the series as open markers
     shrinking in drawing order, so series that coincide show as concentric rings instead of hiding each other.
-    The legend sits outside the data."""
+    The legend sits outside the data; ``note``: a caption line."""
     plt, sns = _plt()
     labels = sort_labels(df[hue].astype(str))
     styles = series_styles(labels)
@@ -181,8 +182,8 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, titl
                 names.append(lab)
     legend_outside(axes[0][-1], [handles[n] for n in names], names)
     suptitle(fig, title)
-    out = atomic_savefig(fig, path, dpi=120)
-    return out
+    caption(fig, note)
+    return atomic_savefig(fig, path, dpi=120)
 
 
 @themed

@@ -322,3 +322,6 @@ def test_a_tuned_figure_names_each_arms_setting_and_its_reference(tmp_path, monk
     assert (tmp_path / "d.png").stat().st_size > 0
     assert "0 = MHA/paper (reference)" in seen["texts"] and "mean paired difference (n = 10 seeds)" in seen["texts"]
     assert any("mha/paper lr 0.004" in t for t in seen["texts"])
+    curves = pd.DataFrame({"step": [1, 2, 1, 2], "loss": [2.0, 1.5, 2.1, 1.4], "arm": ["mha/paper"] * 4})
+    plots.line_plot(curves, "step", "loss", "arm", tmp_path / "c.png", "title", "validation loss", note=note)
+    assert any("mha/paper lr 0.004" in t for t in seen["texts"])  # learning curves at tuned settings say so too

@@ -334,10 +334,10 @@ def _figures(out: Path, df: pd.DataFrame, gains: pd.DataFrame, preset: str, seed
         plots.interval_plot(_band(g, "gain", ["label", "setting"]), "setting", "label", out / name,
                             f"{fig}: seed-paired gain over MHA/paper ({where}; 95 % t-intervals)", ylabel, xlabel,
                             paper=paper, integer_x=integer, zero="0 = MHA/paper (reference)", note=note[task])
-    _learning_figures(out, df, where)
+    _learning_figures(out, df, where, note)
 
 
-def _learning_figures(out: Path, df: pd.DataFrame, where: str) -> None:
+def _learning_figures(out: Path, df: pd.DataFrame, where: str, note: dict[str, str]) -> None:
     """Validation loss vs step (λ = 1 and d_e = 8) and the gain at budget fractions, when the preset records them."""
     curves = df[(df["metric"] == "val_loss@step") & (df["status"] == "ok")].copy()
     if not curves.empty and curves["step"].nunique() > 2:
@@ -348,7 +348,8 @@ def _learning_figures(out: Path, df: pd.DataFrame, where: str) -> None:
                                     "classification, d_e = 8 (nats)")
             plots.line_plot(sel, "step", "value", "label", out / "synthetic_learning_loss.png",
                             f"Appendix I: validation loss during training ({where}; 95 % t-bands)",
-                            "validation loss", xlabel="optimizer step", panel="panel")
+                            "validation loss", xlabel="optimizer step", panel="panel",
+                            note=report.setting_note(df, arms=("task", "variant", "flavor")))
     for task, metric_x, pick in (("regression", "λ", 1.0), ("classification", "d_e", 8)):
         bud = paired_gains(df[df["task"] == task], "@budget", ("budget",))
         if bud.empty or bud["budget"].nunique() < 2:
@@ -359,5 +360,7 @@ def _learning_figures(out: Path, df: pd.DataFrame, where: str) -> None:
         unit = "% MSE reduction" if task == "regression" else "accuracy points"
         plots.interval_plot(_band(bud, "gain", ["label", "budget"]), "budget", "label",
                             out / f"synthetic_budget_gain_{task}.png",
-                            f"Appendix I: gain over MHA vs training budget, {task} at {metric_x} = {pick:g} ({where})",
-                            f"gain over MHA ({unit})", "fraction of the maximum optimizer steps")
+                            f"Appendix I: seed-paired gain over MHA vs training budget, {task} at {metric_x} = "
+                            f"{pick:g} ({where}; 95 % t-intervals)",
+                            f"gain over MHA ({unit})", "fraction of the maximum optimizer steps",
+                            zero="0 = MHA/paper (reference)", note=note[task])
