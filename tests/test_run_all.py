@@ -1,6 +1,7 @@
 """``reproduce/all.py`` end to end at the tiny preset: every script runs, every section of results/README.md is there
 with its table and figures, and the run record holds the command, commit, machine and each script's timing."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -76,6 +77,19 @@ def test_all_py_tiny_writes_every_section_and_figure(tmp_path):
     assert "| `table1_generation` |" in (tmp_path / "README.md").read_text()
 
 
+@contextlib.contextmanager
+def interruptible():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the block: a test run started in the background
+    (`pytest &` in a script) inherits SIGINT ignored, and a Ctrl-C would then never reach run_script."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
     """all.py passes a Ctrl-C on to its script and waits for the script's own clean stop (exit 130, cells stored)
     instead of killing it mid-write; the interrupt is reported, not raised as a traceback."""
@@ -99,7 +113,8 @@ def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
             time.sleep(0.05)
 
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
-    rc, stopped = run_script([sys.executable, "-c", child])
+    with interruptible():
+        rc, stopped = run_script([sys.executable, "-c", child])
     assert stopped and rc == 130 and done.exists()  # its own handler ran: not a SIGKILL (rc -9)
 
 
@@ -129,5 +144,6 @@ def test_a_ctrl_c_sent_to_the_driver_alone_also_reaches_the_scripts_workers(tmp_
             time.sleep(0.05)
 
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
-    rc, stopped = run_script([sys.executable, "-c", script])
+    with interruptible():
+        rc, stopped = run_script([sys.executable, "-c", script])
     assert stopped and rc == 130 and worker_stopped.exists()
