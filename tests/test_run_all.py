@@ -1,7 +1,6 @@
 """``reproduce/all.py`` end to end at the tiny preset: every script runs, every section of results/README.md is there
 with its table and figures, and the run record holds the command, commit, machine and each script's timing."""
 
-import contextlib
 import json
 import os
 import subprocess
@@ -77,64 +76,21 @@ def test_all_py_tiny_writes_every_section_and_figure(tmp_path):
     assert "| `table1_generation` |" in (tmp_path / "README.md").read_text()
 
 
-@contextlib.contextmanager
-def interruptible():
-    """Python's own SIGINT handler (KeyboardInterrupt) for the block: a test run started in the background
-    (`pytest &` in a script) inherits SIGINT ignored, and a Ctrl-C would then never reach run_script."""
-    import signal
-
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
+def handles_sigint(flag: Path) -> str:
+    """Python source: on SIGINT write ``flag`` and exit 130, as a script or worker that stops cleanly does."""
+    return ("import pathlib, signal, sys\n"
+            f"def stop(*_):\n    pathlib.Path({str(flag)!r}).write_text('x')\n    sys.exit(130)\n"
+            "signal.signal(signal.SIGINT, stop)\n")
 
 
-def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
-    """all.py passes a Ctrl-C on to its script and waits for the script's own clean stop (exit 130, cells stored)
-    instead of killing it mid-write; the interrupt is reported, not raised as a traceback."""
+def run_and_ctrl_c(cmd: list[str], ready: Path) -> tuple[int, bool]:
+    """``run_script(cmd)``, with a Ctrl-C to this process once ``ready`` exists (as a Ctrl-C would reach all.py).
+    Python's own SIGINT handler is installed for the call: a test run started in the background (`pytest &`)
+    inherits SIGINT ignored, and the Ctrl-C would then never reach run_script."""
     import signal
     import threading
 
     from attention_zoo.experiments.run_all import run_script
-
-    ready, done = tmp_path / "ready", tmp_path / "stopped cleanly"
-    child = ("import pathlib, signal, sys, time\n"
-             f"def stop(*_):\n    pathlib.Path({str(done)!r}).write_text('x')\n    sys.exit(130)\n"
-             "signal.signal(signal.SIGINT, stop)\n"
-             f"pathlib.Path({str(ready)!r}).write_text('x')\n"
-             "time.sleep(60)\n")
-
-    def interrupt_when_ready():
-        for _ in range(600):
-            if ready.exists():
-                os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C would reach the driver
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=interrupt_when_ready, daemon=True).start()
-    with interruptible():
-        rc, stopped = run_script([sys.executable, "-c", child])
-    assert stopped and rc == 130 and done.exists()  # its own handler ran: not a SIGKILL (rc -9)
-
-
-def test_a_ctrl_c_sent_to_the_driver_alone_also_reaches_the_scripts_workers(tmp_path):
-    """`kill -INT <all.py pid>` reaches only all.py; the script's workers must stop too (as a terminal Ctrl-C would
-    stop them), or the script waits on workers that keep training. The planted script has one worker process."""
-    import signal
-    import threading
-
-    from attention_zoo.experiments.run_all import run_script
-
-    ready, worker_stopped = tmp_path / "worker ready", tmp_path / "worker stopped"
-    worker = ("import pathlib, signal, sys, time\n"
-              f"def stop(*_):\n    pathlib.Path({str(worker_stopped)!r}).write_text('x')\n    sys.exit(130)\n"
-              "signal.signal(signal.SIGINT, stop)\n"
-              f"pathlib.Path({str(ready)!r}).write_text('x')\n"
-              "time.sleep(60)\n")
-    script = ("import signal, subprocess, sys\n"
-              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # the main process waits for its worker
-              f"sys.exit(subprocess.call([sys.executable, '-c', {worker!r}]))\n")
 
     def interrupt_when_ready():
         for _ in range(600):
@@ -143,7 +99,31 @@ def test_a_ctrl_c_sent_to_the_driver_alone_also_reaches_the_scripts_workers(tmp_
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=interrupt_when_ready, daemon=True).start()
-    with interruptible():
-        rc, stopped = run_script([sys.executable, "-c", script])
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_when_ready, daemon=True).start()
+        return run_script(cmd)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_ctrl_c_reaches_the_running_script_which_ends_cleanly(tmp_path):
+    """all.py passes a Ctrl-C on to its script and waits for the script's own clean stop (exit 130, cells stored)
+    instead of killing it mid-write; the interrupt is reported, not raised as a traceback."""
+    ready, done = tmp_path / "ready", tmp_path / "stopped cleanly"
+    child = handles_sigint(done) + f"import time\npathlib.Path({str(ready)!r}).write_text('x')\ntime.sleep(60)\n"
+    rc, stopped = run_and_ctrl_c([sys.executable, "-c", child], ready)
+    assert stopped and rc == 130 and done.exists()  # its own handler ran: not a SIGKILL (rc -9)
+
+
+def test_a_ctrl_c_sent_to_the_driver_alone_also_reaches_the_scripts_workers(tmp_path):
+    """`kill -INT <all.py pid>` reaches only all.py; the script's workers must stop too (as a terminal Ctrl-C would
+    stop them), or the script waits on workers that keep training. The planted script has one worker process."""
+    ready, worker_stopped = tmp_path / "worker ready", tmp_path / "worker stopped"
+    worker = (handles_sigint(worker_stopped)
+              + f"import time\npathlib.Path({str(ready)!r}).write_text('x')\ntime.sleep(60)\n")
+    script = ("import signal, subprocess, sys\n"
+              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # the main process waits for its worker
+              f"sys.exit(subprocess.call([sys.executable, '-c', {worker!r}]))\n")
+    rc, stopped = run_and_ctrl_c([sys.executable, "-c", script], ready)
     assert stopped and rc == 130 and worker_stopped.exists()
