@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,8 +39,24 @@ def launcher_for(args, plan, name: str):
 
 
 # ---- local ----------------------------------------------------------------------------------------------------------
+_STOPPED = False  # in a pool worker: a Ctrl-C arrived, so units not started yet come back "interrupted" at once
+_IN_UNIT = False  # in a pool worker: computing a unit (a Ctrl-C there ends the unit, as in a plain process)
+
+
+def _worker_sigint(signum, frame) -> None:
+    """A pool worker's SIGINT handler. Between units it only marks the worker stopped: an exception there would kill
+    the worker and break the pool. Inside a unit it raises once, as Python's default handler would; while the engine
+    trains it has its own handler (checkpoint at the step boundary, the unit returns None)."""
+    global _STOPPED
+    first = not _STOPPED
+    _STOPPED = True
+    if _IN_UNIT and first:
+        raise KeyboardInterrupt
+
+
 def _init_worker(parent: int, init, forked: bool = False) -> None:
     die_with_parent(parent)  # a killed driver leaves no worker behind
+    signal.signal(signal.SIGINT, _worker_sigint)
     if forked:
         # libgomp is not fork-safe: once the driver has run an OpenMP region, a forked child's first multi-threaded
         # op waits forever for threads that were not copied. One thread per worker (the workers share the cores),
@@ -62,26 +79,67 @@ def _call(work, unit):
         return unit, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 
 
+def _worker_call(work, unit):
+    """``_call`` in a pool worker: after a Ctrl-C (or a unit that was interrupted) the worker takes no more work, so
+    one Ctrl-C ends the run within a training step instead of the pool moving on to the next unit."""
+    global _STOPPED, _IN_UNIT
+    if _STOPPED:
+        return unit, None, "interrupted"
+    _IN_UNIT = True
+    try:
+        out = _call(work, unit)
+    except KeyboardInterrupt:
+        out = unit, None, "interrupted"
+    finally:
+        _IN_UNIT = False
+    _STOPPED = _STOPPED or out[2] == "interrupted"
+    return out
+
+
+def _stop_pool(pool: ProcessPoolExecutor, futures) -> None:
+    """Cancel the units not handed out yet and pass a Ctrl-C on to the workers (a SIGINT sent to the driver alone
+    reaches them too): a running unit checkpoints and returns, a queued one returns without starting."""
+    for f in futures:
+        f.cancel()
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            try:
+                os.kill(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+
 class LocalLauncher:
-    """In this process, or ``plan.workers`` forked processes (spawned on CUDA) that die with the driver."""
+    """In this process, or ``plan.workers`` forked processes (spawned on CUDA) that die with the driver. An
+    interrupted unit (a Ctrl-C) ends the run: no further unit starts; the finished ones are stored by the driver."""
 
     def run(self, units: list[list[dict]], plan):
         if plan.workers <= 1 or len(units) <= 1:
             if plan.worker_init is not None:
                 plan.worker_init()
             for unit in units:
-                yield _call(plan.work, unit)
+                out = _call(plan.work, unit)
+                yield out
+                if out[2] == "interrupted":
+                    return
             return
         method = "fork" if sys.platform == "linux" else "spawn"
         with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
                                  initargs=(os.getpid(), plan.worker_init, method == "fork")) as pool:
-            futures = [pool.submit(_call, plan.work, u) for u in units]
+            futures = [pool.submit(_worker_call, plan.work, u) for u in units]
+            finished = False
             try:
                 for fut in as_completed(futures):
-                    yield fut.result()
-            finally:  # on Ctrl-C the finished units are stored; queued ones are dropped
-                for f in futures:
-                    f.cancel()
+                    if fut.cancelled():  # dropped after an interrupt: its cells are released by the driver
+                        continue
+                    out = fut.result()
+                    if out[2] == "interrupted":
+                        _stop_pool(pool, futures)
+                    yield out
+                finished = True
+            finally:  # on Ctrl-C the finished units are stored; running ones checkpoint, queued ones are dropped
+                if not finished:
+                    _stop_pool(pool, futures)
 
 
 # ---- submitit -------------------------------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""One Ctrl-C ends a local run within seconds: the unit that is training checkpoints and returns, and no worker takes
+the next unit (before, each pool worker treated its unit's interrupt as that unit's end, took the next one, and a
+second Ctrl-C was needed). A SIGINT sent to the driver alone reaches the workers too."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+    from attention_zoo.experiments.launchers import LocalLauncher
+
+    LOG = Path(sys.argv[1])
+
+    def work(unit):
+        # as the training engine does: its own handler records the signal, the loop checkpoints and returns None
+        seen = []
+        old = signal.signal(signal.SIGINT, lambda *_: seen.append(1))
+        try:
+            (LOG / f"started-{unit[0]['c']}").write_text(str(os.getpid()))
+            for _ in range(600):  # 30 s of "training" unless interrupted
+                if seen:
+                    return None
+                time.sleep(0.05)
+            return [[{"c": unit[0]["c"]}]]
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    if __name__ == "__main__":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a background test run inherits SIGINT ignored
+        plan = SimpleNamespace(workers=int(sys.argv[2]), work=work, worker_init=None)
+        got = []
+        try:
+            for _, _, err in LocalLauncher().run([[{"c": i}] for i in range(6)], plan):
+                got.append(err)
+        except KeyboardInterrupt:
+            got.append("driver interrupted")
+        print(got)
+        sys.exit(130 if got else 1)
+""")
+
+
+@pytest.mark.parametrize("workers,target", [(2, "group"), (2, "driver"), (1, "group")])
+def test_one_ctrl_c_stops_the_run_and_no_worker_takes_the_next_unit(tmp_path, workers, target):
+    (tmp_path / "drive.py").write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "drive.py"), str(tmp_path), str(workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("started-*"))) < workers:
+            assert proc.poll() is None and time.monotonic() < deadline, "the units never started"
+            time.sleep(0.05)
+        if target == "group":  # a terminal's Ctrl-C: the driver and every worker get it
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("one Ctrl-C did not end the run: the workers went on to the next units")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert time.monotonic() - t0 < 20
+    assert len(list(tmp_path.glob("started-*"))) == workers, out  # no unit started after the Ctrl-C
