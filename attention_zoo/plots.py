@@ -113,8 +113,13 @@ def bar_plot(df: pd.DataFrame, x: str, y: str, hue: str, path: str | Path, title
 
 
 def suptitle(fig, title: str, fontsize: float = 10) -> None:
-    """The figure title above the panels' own titles: the panels move down by the title's lines, so a two-line
-    title never overlaps them."""
+    """The figure title above the panels' own titles: each line wrapped to the figure's width (a one-line title
+    wider than the panels would widen the saved image and shrink them), and the panels move down by the title's
+    lines, so a long title never overlaps them."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 72 / (0.65 * fontsize)))  # characters: ≈ 0.6 em each, a margin
+    title = "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
     height = fig.get_figheight()
     lines = title.count("\n") + 1
     fig.subplots_adjust(top=max(0.45, 1 - (0.2 * lines + 0.38) / height))

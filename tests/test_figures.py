@@ -121,12 +121,26 @@ def test_table2_figures_one_unit_per_axis_shared_gflop_scale_and_variant_colours
     assert len({ax.get_xlim() for ax in gflops.axes}) == 1  # the counts share one scale
     memory = figures["table2_efficiency_memory_cifar-10.png"]
     assert "CPU RSS increment" in memory.axes[0].get_xlabel()
-    assert "smoke preset, cpu; CPU RSS increment, batch 1" in memory._suptitle.get_text()
+    assert "smoke preset, cpu; CPU RSS increment, batch 1" in " ".join(memory._suptitle.get_text().split())  # wrapped
     lat = figures["table2_efficiency_latency_cifar-10.png"].axes[0]
     bars = {lat.get_yticklabels()[round(b.get_y() + b.get_height() / 2)].get_text(): b for b in lat.patches}
     assert to_hex(bars["damcha/paper"].get_facecolor()) == "#d55e00"
     assert bars["tha/damcha_repo"].get_hatch() == plots.UNSTABLE_HATCH  # unstable: faded, cross-hatched
     assert bars["tha/damcha_repo"].get_alpha() < 1
+
+
+def test_a_long_figure_title_wraps_to_the_figure_width_instead_of_widening_the_image(tmp_path):
+    # the quick benchmark's one-line title of ~330 characters once made its image 3.4k pixels wide, panels squeezed
+    fig, _ = plt.subplots(1, 2, figsize=(8, 3))
+    words = [f"word{i}" for i in range(80)]
+    plots.suptitle(fig, "Short first line\n" + " ".join(words))
+    text = fig._suptitle.get_text()
+    assert text.split() == ["Short", "first", "line", *words]  # nothing lost, only line breaks added
+    assert text.count("\n") >= 3
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert box.width <= fig.bbox.width  # the title fits above the panels
+    plt.close(fig)
 
 
 def test_table7_scaling_plots_are_log_log_with_one_line_per_variant(figures, tmp_path):

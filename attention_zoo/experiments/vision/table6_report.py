@@ -151,13 +151,14 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     for epochs, g in (curves.groupby("epochs") if not curves.empty else []):
         d = delta_frame(g, ["epoch"], {"variant": "mha", "flavor": "paper"})
         # early stopping ends seeds at different epochs: a late point pairs the few still running, so it is not shown
-        d = d[d["n"] >= min(5, d["n"].max())] if not d.empty else d
+        least = int(min(5, d["n"].max())) if not d.empty else 0
+        d = d[d["n"] >= least] if not d.empty else d
         if not d.empty and d["epoch"].nunique() > 1:
+            lo, hi = int(d["n"].min()), int(d["n"].max())
             plots.interval_plot(d, "epoch", "arm", out / f"{NAME}_delta_curve_{preset_name}_{epochs}ep.png",
                                 f"Table 6 ({where}, {epochs} epochs): validation NLL during training, seed-paired "
-                                "change vs MHA/paper\n(epochs at which ≥ 5 seed pairs still train; early stopping)",
-                                "change vs MHA (% of MHA's validation NLL)", "epoch",
+                                f"change vs MHA/paper\n(epochs at which ≥ {least} seed pairs still train; early "
+                                "stopping)", "change vs MHA (% of MHA's validation NLL)", "epoch",
                                 zero=f"0 = MHA/paper (reference); bars: 95 % t interval over "
-                                     f"{int(d['n'].min())}–{int(d['n'].max())} seed pairs",
-                                note=note)
+                                     f"{lo if lo == hi else f'{lo}–{hi}'} seed pairs", note=note)
     return comp, verdicts
