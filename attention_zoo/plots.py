@@ -4,6 +4,7 @@ in the palette of ``plots_style`` (one colour per arm across every figure), whic
 from __future__ import annotations
 
 import functools
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -116,8 +117,6 @@ def suptitle(fig, title: str, fontsize: float = 10) -> None:
     """The figure title above the panels' own titles: each line wrapped to the figure's width (a one-line title
     wider than the panels would widen the saved image and shrink them), and the panels move down by the title's
     lines, so a long title never overlaps them."""
-    import textwrap
-
     width = max(40, int(fig.get_figwidth() * 72 / (0.65 * fontsize)))  # characters: ≈ 0.6 em each, a margin
     title = "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
     height = fig.get_figheight()
@@ -129,8 +128,6 @@ def suptitle(fig, title: str, fontsize: float = 10) -> None:
 def caption(fig, text: str | None, fontsize: float = 7) -> None:
     """A caption line under the figure (e.g. the tuned setting of each arm); the saved box grows to hold it."""
     if text:
-        import textwrap
-
         fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 150)), ha="left", va="top", fontsize=fontsize)
 
 

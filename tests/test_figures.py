@@ -129,7 +129,7 @@ def test_table2_figures_one_unit_per_axis_shared_gflop_scale_and_variant_colours
     assert bars["tha/damcha_repo"].get_alpha() < 1
 
 
-def test_a_long_figure_title_wraps_to_the_figure_width_instead_of_widening_the_image(tmp_path):
+def test_a_long_figure_title_wraps_to_the_figure_width_instead_of_widening_the_image():
     # the quick benchmark's one-line title of ~330 characters once made its image 3.4k pixels wide, panels squeezed
     fig, _ = plt.subplots(1, 2, figsize=(8, 3))
     words = [f"word{i}" for i in range(80)]

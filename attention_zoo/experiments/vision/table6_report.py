@@ -151,9 +151,11 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     for epochs, g in (curves.groupby("epochs") if not curves.empty else []):
         d = delta_frame(g, ["epoch"], {"variant": "mha", "flavor": "paper"})
         # early stopping ends seeds at different epochs: a late point pairs the few still running, so it is not shown
-        least = int(min(5, d["n"].max())) if not d.empty else 0
-        d = d[d["n"] >= least] if not d.empty else d
-        if not d.empty and d["epoch"].nunique() > 1:
+        if d.empty:
+            continue
+        least = int(min(5, d["n"].max()))
+        d = d[d["n"] >= least]
+        if d["epoch"].nunique() > 1:
             lo, hi = int(d["n"].min()), int(d["n"].max())
             plots.interval_plot(d, "epoch", "arm", out / f"{NAME}_delta_curve_{preset_name}_{epochs}ep.png",
                                 f"Table 6 ({where}, {epochs} epochs): validation NLL during training, seed-paired "
