@@ -304,15 +304,32 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     return out
 
 
+def interval_words(df: pd.DataFrame) -> str:
+    """What the whiskers of a ``claims.paired.delta_frame`` are, read from its ``method`` column: a 95 % t interval
+    from 5 seeds, below it the range of the seeds (not a confidence interval, so never labelled as one)."""
+    methods = set(df["method"].dropna()) - {"none"} if "method" in df else {"t"}
+    if methods == {"range"}:
+        return "range of the seeds (n < 5: no interval)"
+    if "range" in methods:
+        return "95 % t interval (n ≥ 5); range of the seeds (n < 5)"
+    return "95 % t interval"
+
+
+def interval_title(df: pd.DataFrame) -> str:
+    """A delta figure's title words for what it shows: "mean and 95 % interval", or the range below 5 seeds."""
+    words = interval_words(df)
+    return "mean and 95 % interval" if words == "95 % t interval" else f"mean and {words}"
+
+
 @themed
 def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabel: str, arm: str = "arm",
                paper: dict | None = None, panel_title: str = "{}", paper_label: str = "paper",
-               reference: str | None = None, interval: str = "95 % t interval", note: str | None = None) -> Path:
+               reference: str | None = None, interval: str | None = None, note: str | None = None) -> Path:
     """Seed-paired differences vs the reference arm: one dot with its interval whisker per arm (rows, shared across
     panels), one panel per ``panel`` value, a zero line; ``paper`` {(panel value, arm): x} as black stars. ``df``:
     ``delta_frame`` output (``mean``, ``low``, ``high``, ``n``). A single seed has no whisker (its n says so). With
-    ``reference`` (the reference arm's name) a legend says what the dot, the whisker (``interval``, over n seeds)
-    and the zero line are; ``note``: a caption line."""
+    ``reference`` (the reference arm's name) a legend says what the dot, the whisker (``interval``, over n seeds;
+    by default ``interval_words``) and the zero line are; ``note``: a caption line."""
     plt, _ = _plt()
     order = sort_labels(df[arm].astype(str))
     styles = series_styles(order)
@@ -343,7 +360,7 @@ def delta_plot(df: pd.DataFrame, panel: str, path: str | Path, title: str, xlabe
         n = f"n = {int(df['n'].max())} seeds" if "n" in df and df["n"].notna().any() else "seeds"
         handles += [Line2D([], [], marker="o", color="grey", linestyle="none"), Line2D([], [], color="grey"),
                     Line2D([], [], color="black", lw=0.8)]
-        labels += [f"mean paired difference ({n})", interval, f"0 = {reference} (reference)"]
+        labels += [f"mean paired difference ({n})", interval or interval_words(df), f"0 = {reference} (reference)"]
     if paper:
         handles.append(Line2D([], [], marker="*", color=REFERENCE_COLOUR, linestyle="none"))
         labels.append(paper_label)

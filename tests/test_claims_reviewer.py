@@ -252,3 +252,20 @@ def test_a_tuned_store_decides_on_its_tuned_rows_and_shows_the_shared_setting_be
     assert "damcha lr 0.001 wd 0.01" in got["decide"].scope and "mha lr 0.003" in got["decide"].scope
     frame = verdict_frame([got["decide"], got["decide, shared setting"]])
     assert frame.loc[frame["headline"], "preset"].tolist() == ["decide"]
+
+
+def test_table1_report_names_the_arms_whose_generated_text_fails_the_gate(tmp_path):
+    """The delta table and figure show BERTScore deltas of every arm; a reader is told which arms' texts are
+    degenerate (the verdicts' gate), and nothing is said when every arm's text passes."""
+    from attention_zoo.experiments.generation.table1_report import text_gate_note
+
+    def rows_of(base, v, s):
+        return [{**base, "metric": "bertscore_f1", "value": 0.3}, {**base, "metric": "nll", "value": 2.0}]
+
+    one = _text_cells(tmp_path / "one", lambda v, s: "" if v == "mha" else f"thou art a gentle knight {s}", rows_of)
+    note = text_gate_note(one, tmp_path / "one")
+    assert note is not None and f"concepts mha/paper ({N} of {N} seeds)" in note and "damcha" not in note
+    every = _text_cells(tmp_path / "every", lambda v, s: "the the the the the", rows_of)
+    assert f"every arm on concepts ({N} of {N} seeds each)" in text_gate_note(every, tmp_path / "every")
+    fine = _text_cells(tmp_path / "fine", lambda v, s: f"thou art a gentle knight {s}", rows_of)
+    assert text_gate_note(fine, tmp_path / "fine") is None

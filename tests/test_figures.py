@@ -143,6 +143,30 @@ def test_a_long_figure_title_wraps_to_the_figure_width_instead_of_widening_the_i
     plt.close(fig)
 
 
+@pytest.mark.parametrize("seeds, words, title", [(3, "range of the seeds", "mean and range of the seeds"),
+                                                  (6, "95 % t interval", "mean and 95 % interval")])
+def test_a_delta_figure_names_its_whiskers_a_t_interval_only_from_five_seeds(figures, tmp_path, seeds, words, title):
+    # below five seeds delta_frame's whiskers are the seeds' min and max; the smoke figures once called them 95 % t
+    from attention_zoo.claims.paired import delta_frame
+
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame([{"variant": v, "flavor": "paper", "seed": s, "metric": "mse", "status": "ok",
+                          "value": 1.0 + rng.normal(0, 0.1)} for v in ("mha", "damcha") for s in range(seeds)])
+    deltas = delta_frame(rows, ["metric"], {"variant": "mha", "flavor": "paper"})
+    plots.delta_plot(deltas, "metric", tmp_path / "d.png", "Table X: " + plots.interval_title(deltas), "x (%)",
+                     reference="MHA/paper")
+    fig = figures["d.png"]
+    legend = [t.get_text() for ax in fig.axes for leg in [ax.get_legend()] if leg for t in leg.get_texts()]
+    assert any(t.startswith(words) for t in legend), legend
+    assert title in fig._suptitle.get_text()
+    if seeds < 5:  # the whisker drawn is the seeds' range, and nothing calls it an interval of confidence
+        low, high = deltas.loc[0, ["low", "high"]]
+        d = 100 * (rows[rows.variant == "damcha"]["value"].to_numpy() - rows[rows.variant == "mha"]["value"].to_numpy()
+                   ) / rows[rows.variant == "mha"]["value"].abs().to_numpy()
+        assert (low, high) == pytest.approx((d.min(), d.max()))
+        assert not any("t interval" in t for t in legend + [fig._suptitle.get_text()])
+
+
 def test_table7_scaling_plots_are_log_log_with_one_line_per_variant(figures, tmp_path):
     rows = [{"variant": v, "flavour": f, "causal": c, "seq_len": T, "d_model": 64, "metric": "fwd_gflops_analytic",
              "unit": "GFLOP", "value": T * (2 if v == "damcha" else 1), "status": "ok", "preset": "smoke",

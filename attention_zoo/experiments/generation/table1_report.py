@@ -4,11 +4,13 @@ comparison, the seed-paired deltas vs MHA, the interval table, the verdicts and 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
+from ...claims.gate import DISTINCT_BELOW, EMPTY_AT, GENERATED, NOT_LEARNED, apply_gate
 from .config import Context
 from .shared import (
     ANALOG,
@@ -76,6 +78,28 @@ def paper_comparison(df: pd.DataFrame) -> pd.DataFrame:
     return report.comparison_frame(entries)
 
 
+def text_gate_note(df: pd.DataFrame, folder: Path | None) -> str | None:
+    """One line naming the arms whose generated texts fail the verdicts' learned-at-all gate (empty or repeated
+    outputs), so a BERTScore/BARTScore delta of those arms is read as a comparison of degenerate texts."""
+    gated, _ = apply_gate(df, folder)
+    bad = gated[(gated["status"] == NOT_LEARNED) & gated["metric"].astype(str).str.startswith(GENERATED)]
+    if bad.empty:
+        return None
+    arms = ["variant", "flavor"]
+    parts = []
+    for ds, g in bad.groupby("dataset"):
+        failed = g.groupby(arms)["seed"].nunique()
+        of = df[df["dataset"] == ds].groupby(arms)["seed"].nunique()
+        if len(failed) == len(of):  # every arm: one phrase, not a list of all of them
+            lo, hi = int(failed.min()), int(failed.max())
+            parts.append(f"every arm on {ds} ({lo if lo == hi else f'{lo}–{hi}'} of {int(of.max())} seeds each)")
+        else:
+            parts += [f"{ds} {v}/{fl} ({k} of {of[(v, fl)]} seeds)" for (v, fl), k in failed.items()]
+    return (f"Generated text fails the learned-at-all gate (≥ {100 * EMPTY_AT:.0f} % of texts empty, or under "
+            f"{100 * DISTINCT_BELOW:.0f} % distinct words per text) for {'; '.join(parts)}: their BERTScore/BARTScore "
+            "deltas compare degenerate texts and decide nothing.")
+
+
 def write_report(ctx: Context, df: pd.DataFrame, env: dict, store=None) -> tuple[pd.DataFrame, list]:
     """Tables, figures and the verdicts on Table 1's claims (and App. E's) from every cell of this context."""
     if df.empty:
@@ -87,6 +111,8 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict, store=None) -> tuple
     verdicts = frame_verdicts(NAME, ctx.preset_name, df, getattr(store, "path", None),
                               getattr(store, "context_id", ""))
     deltas_md, deltas = paired_section(df, BETTER, {"variant": "mha", "flavor": "paper"}, "MHA/paper")
+    gate_note = text_gate_note(df, store.path.parent if store is not None else None)
+    deltas_md += [gate_note] if deltas_md and gate_note else []
     notes = [seeds_line(df, ctx, "arm (variant/flavour)"), *image_text_notes(df, ctx),
              "## Verdicts on the paper's claims (Table 1, App. E)", "", verdict_markdown(verdicts), *deltas_md,
              *params_section(df),
@@ -113,6 +139,7 @@ def write_report(ctx: Context, df: pd.DataFrame, env: dict, store=None) -> tuple
         sets = "/".join(sorted(set(df["dataset"])))
         plots.delta_plot(shown, "panel", ctx.out / f"{NAME}_delta.png",
                          f"Table 1 ({ctx.preset_name}: {sets}; n = {n} seeds; {env.get('device_name')}): seed-paired "
-                         "change vs MHA/paper, mean and 95 % interval", "change vs MHA (% of MHA's value)",
-                         reference="MHA/paper", note=report.setting_note(df, arms=("dataset", "variant", "flavor")))
+                         "change vs MHA/paper, " + plots.interval_title(shown), "change vs MHA (% of MHA's value)",
+                         reference="MHA/paper", note=" ".join(x for x in (
+                             report.setting_note(df, arms=("dataset", "variant", "flavor")), gate_note) if x) or None)
     return comp, verdicts

@@ -98,7 +98,7 @@ def write_report(ctx, df: pd.DataFrame, env: dict, store=None) -> tuple[pd.DataF
         plots.delta_plot(shown, "panel", ctx.out / f"{NAME}.png",
                          f"Table 4 ({ctx.preset_name}: {'/'.join(sorted(set(df['dataset'])))}; n = "
                          f"{int(deltas['n'].max())} seeds; {env.get('device_name')}): seed-paired change vs DAMCHA, "
-                         "mean and 95 % interval", "change vs DAMCHA (% of DAMCHA's value)", paper=paper,
+                         + plots.interval_title(shown), "change vs DAMCHA (% of DAMCHA's value)", paper=paper,
                          paper_label="paper (CIFAR-10; a different task)" if stand_in else "paper",
                          reference="DAMCHA", note=report.setting_note(df, arms=("dataset", "row")))
     return comp, verdicts

@@ -155,7 +155,8 @@ def _figures(out, store, env, preset_name, deltas, run_dir_of, steps, note=None)
         shown = deltas[deltas["metric"] == "test_bpc"].assign(panel=lambda d: d["dataset"] + ": test bpc ↓")
         plots.delta_plot(shown, "panel", out / f"{NAME}_delta.png",
                          f"Table 5 ({where}; n = {int(deltas['n'].max())} seeds; {env.get('device_name')}): "
-                         "seed-paired change vs MHA/paper, mean and 95 % interval", "change vs MHA (% of MHA's bpc)",
+                         "seed-paired change vs MHA/paper, " + plots.interval_title(shown),
+                         "change vs MHA (% of MHA's bpc)",
                          reference="MHA/paper", note=note)
     curves = _eval_curves(out, store, run_dir_of)
     if curves.empty or curves["step"].nunique() < 2:
@@ -168,5 +169,6 @@ def _figures(out, store, env, preset_name, deltas, run_dir_of, steps, note=None)
                             f"Table 5 ({preset_name}: {ds}; n = {int(d['n'].max())} seeds): validation bpc during "
                             "training, seed-paired change vs MHA/paper (periodic subset)",
                             "change vs MHA (% of MHA's validation bpc)", "optimizer step",
-                            zero=f"0 = MHA/paper (reference); bars: 95 % t interval over {int(d['n'].max())} seeds",
+                            zero=f"0 = MHA/paper (reference); bars: {plots.interval_words(d)} over {int(d['n'].max())} "
+                                 "seeds",
                             note=note)

@@ -144,7 +144,8 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
     note = report.setting_note(df)
     if not deltas.empty:
         plots.delta_plot(deltas.assign(panel=deltas["metric"] + " ↑"), "panel", out / f"{NAME}_delta.png",
-                         f"Table 6 ({where}): seed-paired accuracy difference vs MHA/paper, mean and 95 % interval",
+                         f"Table 6 ({where}): seed-paired accuracy difference vs MHA/paper, "
+                         + plots.interval_title(deltas),
                          "accuracy − accuracy of MHA (percentage points)", reference="MHA/paper",
                          note=note)
     curves = _acc_curves(out, store, run_dir_of, preset_name)
@@ -161,6 +162,6 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
                                 f"Table 6 ({where}, {epochs} epochs): validation NLL during training, seed-paired "
                                 f"change vs MHA/paper\n(epochs at which ≥ {least} seed pairs still train; early "
                                 "stopping)", "change vs MHA (% of MHA's validation NLL)", "epoch",
-                                zero=f"0 = MHA/paper (reference); bars: 95 % t interval over "
+                                zero=f"0 = MHA/paper (reference); bars: {plots.interval_words(d)} over "
                                      f"{lo if lo == hi else f'{lo}–{hi}'} seed pairs", note=note)
     return comp, verdicts
