@@ -228,3 +228,13 @@ def test_ci_table_gives_student_t_intervals():
     ci = report.ci_table(df, ["variant"], ["metric"], floatfmt=".3f").set_index("variant")
     assert ci.loc["mha", "x"] == "2.500 [0.446, 4.554] (n=4)"  # t_{0.975,3} = 3.182, s = 1.291
     assert ci.loc["damcha", "x"] == "5.000 (n=1)"
+
+
+def test_a_delta_tables_heading_calls_its_brackets_an_interval_only_from_five_seeds():
+    from attention_zoo.claims.paired import interval_heading
+
+    ranges = pd.DataFrame({"method": ["range", "range"]})
+    assert "range of the seeds" in interval_heading(ranges) and "95 %" not in interval_heading(ranges)
+    assert interval_heading(pd.DataFrame({"method": ["t", "t"]})) == "mean [95 % interval] (n seeds)"
+    mixed = interval_heading(pd.DataFrame({"method": ["t", "range"]}))
+    assert "95 % t interval from 5 seeds" in mixed and "range of the seeds" in mixed

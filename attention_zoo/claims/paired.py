@@ -42,6 +42,16 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
     return pd.DataFrame(rows)
 
 
+def interval_heading(deltas: pd.DataFrame) -> str:
+    """A delta table's heading words for its brackets: a 95 % interval from 5 seeds, below it the seeds' range."""
+    methods = set(deltas["method"].dropna()) - {"none"} if "method" in deltas else {"t"}
+    if "range" not in methods:
+        return "mean [95 % interval] (n seeds)"
+    if methods == {"range"}:
+        return "mean (range of the seeds [min, max]; below 5 seeds no interval) (n seeds)"
+    return "mean [95 % t interval from 5 seeds; below, (range of the seeds [min, max])] (n seeds)"
+
+
 def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = None, digits: int = 2
                 ) -> pd.DataFrame:
     """``delta_frame`` as a wide table of "mean [low, high] (n)" texts: rows arms, one column per ``columns``

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
-from ...claims.paired import delta_frame, delta_table
+from ...claims.paired import delta_frame, delta_table, interval_heading
 from ...data.text import bpc
 from ...io import read_jsonl
 from ...results import ResultStore
@@ -124,7 +124,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
                                                    "a unigram of the training text")),
              "## Verdicts on the paper's claims (Table 5)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
-        notes += ["## Seed-paired change vs MHA/paper (% of MHA's value; mean [95 % interval] (n seeds); lower is "
+        notes += [f"## Seed-paired change vs MHA/paper (% of MHA's value; {interval_heading(deltas)}; lower is "
                   "better)", "", report.markdown_table(delta_table(deltas, ["dataset", "metric"], QUALITY))]
     if "eval_targets" in head:
         cover = (head.dropna(subset=["eval_targets"]).groupby(["dataset", "context", "stride"])

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
-from ...claims.paired import delta_frame, delta_table
+from ...claims.paired import delta_frame, delta_table, interval_heading
 from ...claims.stats import wilson_interval
 from ...io import read_jsonl
 from ...results import ResultStore
@@ -127,7 +127,7 @@ def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, run
              "vision/.", *tuned,
              "## Verdicts on the paper's claims (Table 6)", "", verdict_markdown(verdicts)]
     if not deltas.empty:
-        notes += ["## Seed-paired difference vs MHA/paper (accuracy points; mean [95 % interval] (n seeds); higher "
+        notes += [f"## Seed-paired difference vs MHA/paper (accuracy points; {interval_heading(deltas)}; higher "
                   "is better)", "", report.markdown_table(delta_table(deltas, ["metric"]))]
     notes += ["## Accuracy pooled over seeds: % [Wilson 95 % interval] (runs)", "",
               report.markdown_table(wilson_table(acc[acc["status"] == "ok"])),
