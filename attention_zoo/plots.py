@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .claims.paired import interval_kind
 from .io import atomic_savefig
 from .plots_style import (  # noqa: F401
     CONTROL_HATCH,
@@ -305,20 +306,15 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
 
 
 def interval_words(df: pd.DataFrame) -> str:
-    """What the whiskers of a ``claims.paired.delta_frame`` are, read from its ``method`` column: a 95 % t interval
-    from 5 seeds, below it the range of the seeds (not a confidence interval, so never labelled as one)."""
-    methods = set(df["method"].dropna()) - {"none"} if "method" in df else {"t"}
-    if methods == {"range"}:
-        return "range of the seeds (n < 5: no interval)"
-    if "range" in methods:
-        return "95 % t interval (n ≥ 5); range of the seeds (n < 5)"
-    return "95 % t interval"
+    """What the whiskers of a ``claims.paired.delta_frame`` are (``interval_kind``): a 95 % t interval from 5 seeds,
+    below it the range of the seeds (not a confidence interval, so never labelled as one)."""
+    return {"t": "95 % t interval", "range": "range of the seeds (n < 5: no interval)",
+            "mixed": "95 % t interval (n ≥ 5); range of the seeds (n < 5)"}[interval_kind(df)]
 
 
 def interval_title(df: pd.DataFrame) -> str:
     """A delta figure's title words for what it shows: "mean and 95 % interval", or the range below 5 seeds."""
-    words = interval_words(df)
-    return "mean and 95 % interval" if words == "95 % t interval" else f"mean and {words}"
+    return "mean and 95 % interval" if interval_kind(df) == "t" else f"mean and {interval_words(df)}"
 
 
 @themed

@@ -42,14 +42,19 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
     return pd.DataFrame(rows)
 
 
-def interval_heading(deltas: pd.DataFrame) -> str:
-    """A delta table's heading words for its brackets: a 95 % interval from 5 seeds, below it the seeds' range."""
+def interval_kind(deltas: pd.DataFrame) -> str:
+    """What a ``delta_frame``'s brackets are, from its ``method`` column: "t" (a 95 % t interval, from 5 seeds),
+    "range" (the seeds' min and max, below 5 seeds: not a confidence interval) or "mixed"."""
     methods = set(deltas["method"].dropna()) - {"none"} if "method" in deltas else {"t"}
-    if "range" not in methods:
-        return "mean [95 % interval] (n seeds)"
-    if methods == {"range"}:
-        return "mean (range of the seeds [min, max]; below 5 seeds no interval) (n seeds)"
-    return "mean [95 % t interval from 5 seeds; below, (range of the seeds [min, max])] (n seeds)"
+    return "t" if "range" not in methods else "range" if methods == {"range"} else "mixed"
+
+
+def interval_heading(deltas: pd.DataFrame) -> str:
+    """A delta table's heading words for its brackets (``interval_kind``)."""
+    return {"t": "mean [95 % interval] (n seeds)",
+            "range": "mean (range of the seeds [min, max]; below 5 seeds no interval) (n seeds)",
+            "mixed": "mean [95 % t interval from 5 seeds; below, (range of the seeds [min, max])] (n seeds)"
+            }[interval_kind(deltas)]
 
 
 def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = None, digits: int = 2
