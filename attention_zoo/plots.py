@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .claims.paired import interval_kind
 from .io import atomic_savefig
 from .plots_style import (  # noqa: F401
     CONTROL_HATCH,
@@ -305,16 +304,21 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     return out
 
 
+def _interval_kind(df: pd.DataFrame) -> str:
+    from .claims.paired import interval_kind  # here, not at import: the claims package loads scipy, which adds
+    return interval_kind(df)                  # warnings filters to the importing process
+
+
 def interval_words(df: pd.DataFrame) -> str:
     """What the whiskers of a ``claims.paired.delta_frame`` are (``interval_kind``): a 95 % t interval from 5 seeds,
     below it the range of the seeds (not a confidence interval, so never labelled as one)."""
     return {"t": "95 % t interval", "range": "range of the seeds (n < 5: no interval)",
-            "mixed": "95 % t interval (n ≥ 5); range of the seeds (n < 5)"}[interval_kind(df)]
+            "mixed": "95 % t interval (n ≥ 5); range of the seeds (n < 5)"}[_interval_kind(df)]
 
 
 def interval_title(df: pd.DataFrame) -> str:
     """A delta figure's title words for what it shows: "mean and 95 % interval", or the range below 5 seeds."""
-    return "mean and 95 % interval" if interval_kind(df) == "t" else f"mean and {interval_words(df)}"
+    return "mean and 95 % interval" if _interval_kind(df) == "t" else f"mean and {interval_words(df)}"
 
 
 @themed
