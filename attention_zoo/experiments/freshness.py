@@ -1,18 +1,24 @@
-"""Is a report section older than the code that made its numbers? Computed from git, never typed.
+"""Is a report section older than the code that made its numbers? Computed from git and from behaviour, never typed.
 
 A section's numbers depend on the modules its script imports, followed transitively inside ``attention_zoo`` (read
 with ``ast``, nothing imported; the sub-packages' ``__init__`` modules that run on the way, and the registered
 attentions every experiment creates by name): the experiment, the variants, backbones, training, data and
 measurement code it reaches. Code that only renders — the claims layer, reports, plots, file I/O, the command-line
-plumbing, the driver and the index — can change how a number is shown but not the number, and is left out. The
-section's runs are named by commit in its folder's environment records (every sitting of a resumed store) and in
-the driver's run record; the section is stale when one of its files differs between the oldest of them and HEAD
-(the commits that changed it are named).
+plumbing, the driver, the index and the fingerprints — can change how a number is shown but not the number, and is
+left out. The section's runs are named by commit in its folder's environment records (every sitting of a resumed
+store) and in the driver's run record.
+
+Two steps decide (docs/results.md, "Freshness"): first the code — the section is current when none of its files
+differs between the oldest of its runs and the working tree, comments and docstrings aside (each file's syntax tree
+is compared); otherwise its *fingerprints* (``fingerprint``): the probes its runs recorded are recomputed by the code
+now and compared, so a refactor that computes the same numbers leaves it current ("behaviour identical"). A section
+whose numbers are speeds has no probe and ages by its code alone, as does a store made before fingerprints existed.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -25,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (the package's pare
 RENDER_ONLY = ("attention_zoo.claims", "attention_zoo.report", "attention_zoo.plots", "attention_zoo.bench_plot",
                "attention_zoo.io", "attention_zoo.cli", "attention_zoo.experiments.results_index",
                "attention_zoo.experiments.freshness", "attention_zoo.experiments.dryrun",
-               "attention_zoo.experiments.launchers", "attention_zoo.experiments.run_all")
+               "attention_zoo.experiments.launchers", "attention_zoo.experiments.run_all",
+               "attention_zoo.experiments.fingerprint")  # the fingerprints observe the code, they compute nothing
 
 
 def _file(module: str, root: Path) -> Path | None:
@@ -56,7 +63,32 @@ def _imports(module: str, path: Path, root: Path) -> set[str]:
 
 
 def _render_only(module: str) -> bool:
-    return module.startswith(RENDER_ONLY) or module.rpartition(".")[2].endswith("report")
+    return module.startswith(RENDER_ONLY) or module.rpartition(".")[2].endswith(("report", "probe"))
+
+
+def normalized(source: str) -> str | None:
+    """The syntax tree of a module without its docstrings (comments never reach it): two sources with the same
+    normal form compute the same thing. None when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
+def code_digest(files: tuple[str, ...], root: Path = ROOT) -> str:
+    """A digest of the normal forms of ``files`` in the working tree (the fingerprint cache's key)."""
+    h = hashlib.sha256()
+    for f in sorted(files):
+        path = root / f
+        h.update(f.encode() + b"\0" + (normalized(path.read_text()) or "").encode() if path.is_file() else b"-")
+    return h.hexdigest()[:24]
 
 
 @lru_cache(maxsize=64)
@@ -133,38 +165,83 @@ def section_commits(folder: Path, run_record: dict, script: str) -> list[str]:
     return sorted({c for c in out if c and c != "unknown"})
 
 
+def _changed(commit: str, files: list[str], root: Path) -> list[str]:
+    """Which of ``files`` compute something else in the working tree than at ``commit`` (their normal forms
+    differ; a file added or removed counts)."""
+    out = []
+    for f in files:
+        then = _git(root, "show", f"{commit}:{f}")
+        path = root / f
+        now = path.read_text() if path.is_file() else None
+        if then is None or now is None or normalized(then) != normalized(now):
+            out.append(f)
+    return out
+
+
 def later_changes(commits: list[str], files: tuple[str, ...], root: Path = ROOT) -> list[str] | None:
-    """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files`` whose content
-    at HEAD differs from the run's (a change undone later cannot change a number); None when git cannot tell (no
-    repository, or none of the commits is in its history)."""
+    """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files`` whose code
+    in the working tree differs from the run's, comments and docstrings aside (a change undone later, a comment or a
+    docstring cannot change a number; "(uncommitted change)" when only the working tree differs); None when git
+    cannot tell (no repository, or none of the commits is in its history)."""
     found = None
     for c in commits:
-        differ = _git(root, "diff", "--name-only", c, "HEAD", "--", *files)
+        differ = _git(root, "diff", "--name-only", c, "--", *files)
         if differ is None:
             continue
-        differ = [x for x in differ.splitlines() if x.strip()]
+        differ = _changed(c, [x for x in differ.splitlines() if x.strip()], root)
         log = _git(root, "log", "--format=%h %s", f"{c}..HEAD", "--", *differ) if differ else ""
         if log is not None:
-            lines = [x for x in log.splitlines() if x.strip()]
+            lines = [x for x in log.splitlines() if x.strip()] or (["(uncommitted change)"] if differ else [])
             found = lines if found is None or len(lines) > len(found) else found
     return found
 
 
+def _probed_stores(folder: Path) -> list[Path]:
+    from .fingerprint import probe_of
+
+    return [s for s in sorted(folder.glob("*.jsonl")) if probe_of(s.name.removesuffix(".jsonl")) is not None]
+
+
+def _fingerprints(folder: Path, files: tuple[str, ...], root: Path, cache_dir: Path | None):
+    """(state, words) of the section's fingerprints against the code now: "equal", "differs", "unrecorded" or
+    "none" (no probe: its numbers are speeds, or its script has none)."""
+    from .fingerprint_records import check
+
+    stores = _probed_stores(folder)
+    if not stores:
+        return "none", "its numbers are speeds or come without a probe, so only its code can tell"
+    digest = code_digest(files + tuple(str(p.relative_to(root)) for p in sorted((root / PACKAGE).rglob("*probe.py"))
+                                       if p.is_file()), root)
+    results = [check(s, digest, cache_dir) for s in stores]
+    for state in ("differs", "unrecorded"):
+        hit = next((r for r in results if r.state == state), None)
+        if hit:
+            return state, hit.text
+    return "equal", f"{sum(r.arms for r in results)} arm(s) probed"
+
+
 def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[str, ...],
-                   root: Path = ROOT) -> str:
-    """One line for the report: up to date with the code at HEAD, or which later commits changed its code."""
+                   root: Path = ROOT, probes: bool = True, cache_dir: Path | None = None) -> str:
+    """One line for the report: current with the code at HEAD, by its code or by its fingerprints, or which later
+    commits changed what it computes. ``probes=False`` decides by the code alone (a quick rebuild)."""
     commits = section_commits(folder, run_record, script)
     if not commits:
         return "Code: no run commit recorded for this section; its age against the code cannot be told."
-    changes = later_changes(commits, code_files(modules, root), root)
+    files = code_files(modules, root)
+    changes = later_changes(commits, files, root)
     runs = ", ".join(f"`{c[:7]}`" for c in commits)
     if changes is None:
         return f"Code: run at {runs}; git cannot tell whether its code changed since (commit not in this history)."
     if not changes:
         return f"Code: run at {runs}; the code its numbers depend on is the same at HEAD."
     shown = "; ".join(f"`{x.split(' ', 1)[0]}`" for x in changes[:8]) + ("; …" if len(changes) > 8 else "")
-    return (f"**Older than its code:** run at {runs}; {len(changes)} later commit(s) changed code its numbers depend "
-            f"on ({shown}): rerun it to bring it to HEAD.")
+    changed = f"{len(changes)} later commit(s) changed code its numbers depend on ({shown})"
+    state, words = _fingerprints(folder, files, root, cache_dir) if probes else ("off", "fingerprints not checked")
+    if state == "equal":
+        return f"Code: run at {runs}; {changed}, behaviour identical: fingerprint equal ({words})."
+    why = {"differs": f"its fingerprint differs: {words}", "unrecorded": f"bytes only: {words}",
+           "none": f"bytes only: {words}", "off": words}[state]
+    return f"**Older than its code:** run at {runs}; {changed}; {why}: rerun it to bring it to HEAD."
 
 
 __all__ = ["code_files", "driver_entry", "freshness_line", "later_changes", "section_commits", "sittings"]

@@ -233,14 +233,16 @@ def section_modules(sec: Section) -> tuple[str, ...]:
     return (EXPERIMENTS[name].module_path,) if name in EXPERIMENTS else ()
 
 
-def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verdicts: list) -> list[str]:
+def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verdicts: list,
+                   probes: bool = True) -> list[str]:
     md, figs, missing = section_files(results, sec)
     out = [f"## {sec.name}: {sec.title}", ""]
     folder = results / sec.script
     if sec.optional and not folder.is_dir():
         return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
     if section_modules(sec):
-        out += [freshness_line(folder, record, sec.script, section_modules(sec)), ""]
+        out += [freshness_line(folder, record, sec.script, section_modules(sec), probes=probes,
+                               cache_dir=results / "_cache" / "fingerprints"), ""]
     rec = driver_entry(folder, record, sec.script)
     if rec:
         out.append(f"Script `{sec.script}`: {_fmt_s(rec.get('wall_s'))} wall, {_fmt_s(rec.get('cpu_s'))} CPU, "
@@ -294,8 +296,9 @@ def _newest_completing_run(record: dict) -> dict | None:
     return (completing or runs or [None])[-1]
 
 
-def build_index(results: str | Path, preset: str | None = None) -> Path:
-    """Write ``<results>/README.md`` from the files under ``results`` and ``run_all.json``."""
+def build_index(results: str | Path, preset: str | None = None, probes: bool = True) -> Path:
+    """Write ``<results>/README.md`` from the files under ``results`` and ``run_all.json``. ``probes=False``: a
+    section whose code changed is called older without recomputing its fingerprints (a quick rebuild)."""
     results = Path(results)
     record = load_run_record(results)
     run = _newest_completing_run(record)
@@ -313,7 +316,7 @@ def build_index(results: str | Path, preset: str | None = None) -> Path:
     out += ["## How these results were made", ""] + _how_made(record, results)
     seen_md: set[Path] = set()
     for sec in SECTIONS:
-        out += _section_lines(results, sec, record, seen_md, verdicts)
+        out += _section_lines(results, sec, record, seen_md, verdicts, probes)
         if sec.script == "rowsum_analysis":
             out += ["### DAMCHA under RowSum", "", ROWSUM, rowsum_numbers(results)]
     known = {s.script for s in SECTIONS}
