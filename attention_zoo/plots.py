@@ -31,7 +31,7 @@ from .plots_style import (  # noqa: F401
     variant_colour,
     variant_palette,
 )
-from .report import t_band
+from .report import interval_kind, t_band
 
 
 # ---- plots (seaborn, a separate step that reads the long frame) -------------------------------------------
@@ -304,21 +304,16 @@ def interval_plot(df: pd.DataFrame, x: str, hue: str, path: str | Path, title: s
     return out
 
 
-def _interval_kind(df: pd.DataFrame) -> str:
-    from .claims.paired import interval_kind  # here, not at import: the claims package loads scipy, which adds
-    return interval_kind(df)                  # warnings filters to the importing process
-
-
 def interval_words(df: pd.DataFrame) -> str:
     """What the whiskers of a ``claims.paired.delta_frame`` are (``interval_kind``): a 95 % t interval from 5 seeds,
     below it the range of the seeds (not a confidence interval, so never labelled as one)."""
     return {"t": "95 % t interval", "range": "range of the seeds (n < 5: no interval)",
-            "mixed": "95 % t interval (n ≥ 5); range of the seeds (n < 5)"}[_interval_kind(df)]
+            "mixed": "95 % t interval (n ≥ 5); range of the seeds (n < 5)"}[interval_kind(df)]
 
 
 def interval_title(df: pd.DataFrame) -> str:
     """A delta figure's title words for what it shows: "mean and 95 % interval", or the range below 5 seeds."""
-    return "mean and 95 % interval" if _interval_kind(df) == "t" else f"mean and {interval_words(df)}"
+    return "mean and 95 % interval" if interval_kind(df) == "t" else f"mean and {interval_words(df)}"
 
 
 @themed

@@ -246,3 +246,18 @@ def ci_table(df: pd.DataFrame, index: list[str], columns: list[str], value: str 
         rows.setdefault(key[:len(index)], {})[": ".join(map(str, key[len(index):]))] = text
     out = pd.DataFrame([{**dict(zip(index, k)), **v} for k, v in rows.items()])
     return out.fillna("–")
+
+
+def interval_kind(deltas: pd.DataFrame) -> str:
+    """What a ``claims.paired.delta_frame``'s brackets are, from its ``method`` column: "t" (a 95 % t interval, from
+    5 seeds), "range" (the seeds' min and max, below 5 seeds: not a confidence interval) or "mixed"."""
+    methods = set(deltas["method"].dropna()) - {"none"} if "method" in deltas else {"t"}
+    return "t" if "range" not in methods else "range" if methods == {"range"} else "mixed"
+
+
+def interval_heading(deltas: pd.DataFrame) -> str:
+    """A delta table's heading words for its brackets (``interval_kind``)."""
+    return {"t": "mean [95 % interval] (n seeds)",
+            "range": "mean (range of the seeds [min, max]; below 5 seeds no interval) (n seeds)",
+            "mixed": "mean [95 % t interval from 5 seeds; below, (range of the seeds [min, max])] (n seeds)"
+            }[interval_kind(deltas)]

@@ -2,6 +2,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Scripts run by tests record no behaviour fingerprint (seconds each); tests/test_fingerprints.py turns it back on.
+os.environ.setdefault("ATTENTION_ZOO_FINGERPRINT", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -81,8 +81,13 @@ def test_the_index_flags_a_section_whose_code_changed_after_its_run(tmp_path):
     git("commit", "-qam", "render-only change")
     assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
 
-    with open(repo / "attention_zoo" / "variants" / "damcha_ops.py", "a") as f:  # the section's code
+    with open(repo / "attention_zoo" / "variants" / "damcha_ops.py", "a") as f:  # a comment computes nothing
         f.write("\n# a comment\n")
+    git("commit", "-qam", "a comment in the section's code")
+    assert "is the same at HEAD" in freshness_line(folder, {}, "table5_gpt2", modules, repo)
+
+    with open(repo / "attention_zoo" / "variants" / "damcha_ops.py", "a") as f:  # the section's code
+        f.write("\nPLANTED = 1\n")
     git("commit", "-qam", "a change the section depends on")
     line = freshness_line(folder, {}, "table5_gpt2", modules, repo)
     assert line.startswith("**Older than its code:**") and "1 later commit(s)" in line

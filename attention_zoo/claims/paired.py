@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 
+from ..report import interval_heading, interval_kind  # noqa: F401 - re-exported: the tables' name for them
 from .stats import paired_test
 
 
@@ -42,21 +43,6 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
     return pd.DataFrame(rows)
 
 
-def interval_kind(deltas: pd.DataFrame) -> str:
-    """What a ``delta_frame``'s brackets are, from its ``method`` column: "t" (a 95 % t interval, from 5 seeds),
-    "range" (the seeds' min and max, below 5 seeds: not a confidence interval) or "mixed"."""
-    methods = set(deltas["method"].dropna()) - {"none"} if "method" in deltas else {"t"}
-    return "t" if "range" not in methods else "range" if methods == {"range"} else "mixed"
-
-
-def interval_heading(deltas: pd.DataFrame) -> str:
-    """A delta table's heading words for its brackets (``interval_kind``)."""
-    return {"t": "mean [95 % interval] (n seeds)",
-            "range": "mean (range of the seeds [min, max]; below 5 seeds no interval) (n seeds)",
-            "mixed": "mean [95 % t interval from 5 seeds; below, (range of the seeds [min, max])] (n seeds)"
-            }[interval_kind(deltas)]
-
-
 def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = None, digits: int = 2
                 ) -> pd.DataFrame:
     """``delta_frame`` as a wide table of "mean [low, high] (n)" texts: rows arms, one column per ``columns``
@@ -73,4 +59,4 @@ def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = 
     return pd.DataFrame([{"arm": a, **v} for a, v in out.items()]).fillna("–")
 
 
-__all__ = ["delta_frame", "delta_table"]
+__all__ = ["delta_frame", "delta_table", "interval_heading", "interval_kind"]

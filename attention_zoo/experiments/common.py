@@ -28,7 +28,7 @@ from ..envinfo import fingerprint, setup_threads  # noqa: F401 - setup_threads r
 from ..plugins import add_include_argument
 from ..registry import get_attention_spec, parse_option_rows, resolved_options, select_attentions
 from ..results import ResultStore
-from .dryrun import experiment_main  # noqa: F401 - re-exported: the experiments' main decorator
+from .entry import experiment_main  # noqa: F401 - re-exported: the experiments' main decorator
 from .protocol import LAUNCH_OPTIONS
 
 PRESETS = ("smoke", "paper")

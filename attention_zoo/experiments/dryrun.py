@@ -1,4 +1,4 @@
-"""``--dry-run``: the plan of a run, printed instead of run. ``experiment_main`` runs a script's ``main`` under
+"""``--dry-run``: the plan of a run, printed instead of run. ``entry.experiment_main`` runs a script's ``main`` under
 ``io.read_only`` (no folder is created, no store locked, repaired or written); the protocol's ``execute`` then prints
 the plan (``show_plan``) instead of launching it, and ``launchers.run_whole`` does the same for the scripts that
 measure as a whole (``show_whole``).
@@ -12,62 +12,18 @@ paper preset about to train on a CPU gets a warning."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from ..cli import cli_main
 from ..envinfo import resolve_device
-from ..io import read_jsonl, read_only
+from ..io import read_jsonl
 
 TIMINGS = ("train_cpu_s", "train_time_s")  # CPU seconds where a row has them, else wall seconds
 STEP_FLOOR_S = {"synthetic": 0.005, "*": 0.015}  # docs/paper_scale.md: assumed seconds per optimizer step (GPU)
 SHOWN = 40  # cells listed per section; the rest are counted
-
-
-def experiment_main(main):
-    """``cli_main`` for an experiment's ``main(argv)``; with ``--dry-run`` the whole call runs read-only. A run
-    that made cells records their fingerprints when it ends (``fingerprint_records.record_new_runs``)."""
-
-    @cli_main
-    @functools.wraps(main)
-    def wrapped(argv: list[str] | None = None) -> int:
-        argv = sys.argv[1:] if argv is None else list(argv)
-        if any(len(a) > 4 and "--dry-run".startswith(a) for a in argv):  # argparse takes abbreviations
-            with read_only():
-                return main(argv)
-        from .fingerprint_records import record_new_runs, run_ids
-
-        out = _out_dir(main, argv)
-        before = run_ids(out) if out is not None and out.is_dir() else {}
-        try:
-            code = main(argv)
-        except KeyboardInterrupt:
-            if out is not None:
-                print(f"note: no fingerprint recorded for the cells of this run; `python -m attention_zoo.experiments."
-                      f"fingerprint_records backfill {out}` records it while the code is unchanged", file=sys.stderr)
-            raise
-        if out is not None and out.is_dir():
-            record_new_runs(out, before)
-        return code
-
-    return wrapped
-
-
-def _out_dir(main, argv: list[str]) -> Path | None:
-    """The ``--out`` a script's ``argv`` names (or its parser's default); None when it cannot be told."""
-    for i, a in enumerate(argv):
-        if a == "--out" and i + 1 < len(argv):
-            return Path(argv[i + 1])
-        if a.startswith("--out="):
-            return Path(a.split("=", 1)[1])
-    build = getattr(sys.modules.get(main.__module__), "build_parser", None)
-    default = build().get_default("out") if build is not None else None
-    return Path(default) if default else None
 
 
 def _seconds(rec: dict) -> float | None:
@@ -190,4 +146,4 @@ def show_whole(args, name: str) -> int:
     return 0
 
 
-__all__ = ["estimate", "experiment_main", "show_plan", "show_whole"]
+__all__ = ["estimate", "show_plan", "show_whole"]

@@ -3,7 +3,7 @@ run (sitting) that made cells of it, each holding the probes of the arms that ru
 
 A run records its entry when it ends (``experiment_main`` calls ``record_new_runs``), with the code that made its
 cells. A store made before fingerprints existed can be *backfilled* (``python -m
-attention_zoo.experiments.fingerprint_records backfill results/<folder>``) only where the code its numbers depend on
+attention_zoo.experiments.backfill results/<folder>``) only where the code its numbers depend on
 is unchanged since its runs (comments and docstrings aside, ``freshness``): the probes are then computed by that same
 code. ``check`` recomputes the probes at
 the code in this process and compares; results are cached by the digest of that code, so a rebuilt index reprobes
@@ -113,49 +113,6 @@ def record_new_runs(folder: Path, before: dict[Path, set[str]]) -> list[Path]:
     return written
 
 
-def unchanged_since(store: Path, run_id: str, sr: StoreRuns) -> str | None:
-    """None when the code the store's numbers depend on is the same now as at the run's commit (comments and
-    docstrings aside) and that commit was clean; else why not."""
-    from .freshness import code_files, later_changes
-    from .protocol import EXPERIMENTS
-
-    env = sr.runs.get(run_id, {}).get("env") or {}
-    commit, exp = env.get("git_commit"), EXPERIMENTS.get(experiment_of(store))
-    if not commit or commit == "unknown" or env.get("git_dirty"):
-        return f"run `{run_id}` came from {'an uncommitted tree' if env.get('git_dirty') else 'no known commit'}"
-    if exp is None:
-        return f"{experiment_of(store)!r} is not a registered experiment"
-    changes = later_changes([commit], code_files((exp.module_path,)))
-    if changes is None:
-        return f"commit {commit[:7]} of run `{run_id}` is not in this history"
-    return f"{len(changes)} later commit(s) changed its code" if changes else None
-
-
-def backfill(folder: Path) -> tuple[list[Path], list[str]]:
-    """Record the missing entries of the stores under ``folder``, probing at this code, for the runs whose code is
-    unchanged since (the only case where a probe today stands for the code that made the cells); (the files
-    written, the runs refused with why)."""
-    written, refused = [], []
-    head = _git("rev-parse", "HEAD") or "unknown"
-    for store in sorted(Path(folder).glob("*.jsonl")):
-        exp = experiment_of(store)
-        if fp.probe_of(exp) is None:
-            continue
-        sr, old = store_runs(store), (read_records(store) or {"runs": {}})["runs"]
-        todo = {rid: cells for rid, cells in sr.cells.items() if rid not in old}
-        for rid in list(todo):
-            why = unchanged_since(store, rid, sr)
-            if why:
-                refused.append(f"{store}: {why}")
-                del todo[rid]
-        new = {rid: _entry(exp, sr.runs.get(rid, {}), cells, f"backfilled at {head[:7]}: the code its numbers "
-                           "depend on equals the run's (comments and docstrings aside)")
-               for rid, cells in todo.items()}
-        if new:
-            written.append(_write(store, new))
-    return written, refused
-
-
 @dataclass
 class Check:
     """The outcome of comparing a store's fingerprints with the code now: ``state`` "equal", "differs" or
@@ -196,51 +153,64 @@ def check(store: Path, code_digest: str, cache_dir: Path | None = None) -> Check
     return Check("equal", f"{n} arm(s) probed", n)
 
 
+def _cache_file(cache_dir: Path | None, experiment: str, arm: dict, options: dict, code_digest: str) -> Path | None:
+    return None if cache_dir is None else cache_dir / f"{_cache_key(experiment, arm, options, code_digest)}.json"
+
+
+def _read_cached(path: Path | None) -> list | None:
+    try:
+        return json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
 def _cached(experiment: str, arm: dict, options: dict, code_digest: str, cache_dir: Path | None) -> list:
-    path = None if cache_dir is None else cache_dir / f"{_cache_key(experiment, arm, options, code_digest)}.json"
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass
-    probes = fp.fingerprint_arms(experiment, [arm], options)[fp.arm_key(arm)]
-    probes = json.loads(json.dumps(probes))  # as stored: tuples become lists
-    if path is not None and not is_read_only():
-        atomic_write_json(path, probes)
+    path = _cache_file(cache_dir, experiment, arm, options, code_digest)
+    probes = _read_cached(path)
+    if probes is None:
+        probes = fp.fingerprint_arms(experiment, [arm], options)[fp.arm_key(arm)]
+        probes = json.loads(json.dumps(probes))  # as stored: tuples become lists
+        if path is not None and not is_read_only():
+            atomic_write_json(path, probes)
     return probes
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``backfill FOLDER...``: record the fingerprints a store lacks where its code is unchanged since its runs."""
-    import argparse
-
-    from ..cli import cli_main
-
-    def run(argv):
-        p = argparse.ArgumentParser(prog="python -m attention_zoo.experiments.fingerprint_records",
-                                    description=main.__doc__)
-        p.add_argument("command", choices=("backfill",))
-        p.add_argument("folders", nargs="+", type=Path)
-        args = p.parse_args(argv)
-        bad = [f for f in args.folders if not f.is_dir()]
-        if bad:
-            raise ValueError(f"folders: {', '.join(map(str, bad))} is not a directory")
-        code = 0
-        for folder in args.folders:
-            written, refused = backfill(folder)
-            for w in written:
-                print(f"recorded {w}")
-            for r in refused:
-                print(f"not recorded: {r}")
-            code = max(code, int(bool(refused)))
-        return code
-
-    return cli_main(run)(argv)
+def pending(store: Path, code_digest: str, cache_dir: Path) -> list[tuple]:
+    """The (experiment, arm, options, digest, cache dir) probes ``check`` would compute for ``store`` (none cached)."""
+    exp, recs, sr = experiment_of(store), read_records(store), store_runs(store)
+    if recs is None:
+        return []
+    out = []
+    for rid, cells in sr.cells.items():
+        entry = recs["runs"].get(rid) if cells else None
+        for item in (entry or {}).get("arms") or []:
+            options = _options(sr.runs.get(rid, {}))
+            if _read_cached(_cache_file(cache_dir, exp, item["arm"], options, code_digest)) is None:
+                out.append((exp, item["arm"], options, code_digest, str(cache_dir)))
+    return list({json.dumps(j, sort_keys=True, default=str): j for j in out}.values())
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _compute(jobs: list[tuple]) -> int:
+    for exp, arm, options, digest, cache_dir in jobs:
+        _cached(exp, arm, options, digest, Path(cache_dir))
+    return len(jobs)
 
 
-__all__ = ["Check", "ENV_SWITCH", "backfill", "check", "read_records", "record_new_runs", "record_path", "run_ids",
-           "store_runs", "unchanged_since"]
+def compute_pending(jobs: list[tuple], workers: int = 2) -> None:
+    """Compute probes into the cache, in ``workers`` fresh processes (spawned: each imports the package anew)."""
+    if not jobs:
+        return
+    if workers <= 1 or len(jobs) == 1:
+        _compute(jobs)
+        return
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    shares = [jobs[i::workers] for i in range(workers)]
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        for f in [pool.submit(_compute, share) for share in shares if share]:
+            f.result()
+
+
+__all__ = ["Check", "ENV_SWITCH", "check", "compute_pending", "pending", "read_records",
+           "record_new_runs", "record_path", "run_ids", "store_runs"]

@@ -178,10 +178,20 @@ def _changed(commit: str, files: list[str], root: Path) -> list[str]:
     return out
 
 
+def _substantive(commit: str, files: list[str], root: Path) -> bool:
+    """Whether ``commit`` changed what one of ``files`` computes (not only its comments or docstrings)."""
+    touched = _git(root, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", commit, "--", *files)
+    for f in (touched or "").split():
+        before, after = _git(root, "show", f"{commit}^:{f}"), _git(root, "show", f"{commit}:{f}")
+        if before is None or after is None or normalized(before) != normalized(after):
+            return True
+    return False
+
+
 def later_changes(commits: list[str], files: tuple[str, ...], root: Path = ROOT) -> list[str] | None:
     """"<hash> <subject>" of every commit after the oldest of ``commits`` that changed one of ``files`` whose code
     in the working tree differs from the run's, comments and docstrings aside (a change undone later, a comment or a
-    docstring cannot change a number; "(uncommitted change)" when only the working tree differs); None when git
+    docstring cannot change a number; "uncommitted (working tree)" when only the working tree differs); None when git
     cannot tell (no repository, or none of the commits is in its history)."""
     found = None
     for c in commits:
@@ -191,7 +201,8 @@ def later_changes(commits: list[str], files: tuple[str, ...], root: Path = ROOT)
         differ = _changed(c, [x for x in differ.splitlines() if x.strip()], root)
         log = _git(root, "log", "--format=%h %s", f"{c}..HEAD", "--", *differ) if differ else ""
         if log is not None:
-            lines = [x for x in log.splitlines() if x.strip()] or (["(uncommitted change)"] if differ else [])
+            lines = [x for x in log.splitlines() if x.strip() and _substantive(x.split(" ", 1)[0], differ, root)]
+            lines = lines or (["uncommitted (working tree)"] if differ else [])
             found = lines if found is None or len(lines) > len(found) else found
     return found
 
@@ -202,6 +213,12 @@ def _probed_stores(folder: Path) -> list[Path]:
     return [s for s in sorted(folder.glob("*.jsonl")) if probe_of(s.name.removesuffix(".jsonl")) is not None]
 
 
+def _probe_digest(files: tuple[str, ...], root: Path) -> str:
+    """The digest a section's probes are cached under: its code and every probe module."""
+    probes = tuple(str(p.relative_to(root)) for p in sorted((root / PACKAGE).rglob("*probe.py")))
+    return code_digest(files + probes + (f"{PACKAGE}/experiments/fingerprint.py",), root)
+
+
 def _fingerprints(folder: Path, files: tuple[str, ...], root: Path, cache_dir: Path | None):
     """(state, words) of the section's fingerprints against the code now: "equal", "differs", "unrecorded" or
     "none" (no probe: its numbers are speeds, or its script has none)."""
@@ -209,15 +226,28 @@ def _fingerprints(folder: Path, files: tuple[str, ...], root: Path, cache_dir: P
 
     stores = _probed_stores(folder)
     if not stores:
-        return "none", "its numbers are speeds or come without a probe, so only its code can tell"
-    digest = code_digest(files + tuple(str(p.relative_to(root)) for p in sorted((root / PACKAGE).rglob("*probe.py"))
-                                       if p.is_file()), root)
+        return "none", "its numbers are speeds, or its script has no probe, so only its code can tell"
+    digest = _probe_digest(files, root)
     results = [check(s, digest, cache_dir) for s in stores]
     for state in ("differs", "unrecorded"):
         hit = next((r for r in results if r.state == state), None)
         if hit:
             return state, hit.text
     return "equal", f"{sum(r.arms for r in results)} arm(s) probed"
+
+
+def probes_to_run(folder: Path, run_record: dict, script: str, modules: tuple[str, ...], cache_dir: Path,
+                  root: Path = ROOT) -> list[tuple]:
+    """The probes ``freshness_line`` would compute for this section (its code changed, none cached): computed
+    beforehand in parallel by ``fingerprint_records.compute_pending``."""
+    from .fingerprint_records import pending
+
+    commits = section_commits(folder, run_record, script)
+    files = code_files(modules, root)
+    if not commits or not later_changes(commits, files, root):
+        return []
+    digest = _probe_digest(files, root)
+    return [job for s in _probed_stores(folder) for job in pending(s, digest, cache_dir)]
 
 
 def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[str, ...],
@@ -244,4 +274,5 @@ def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[s
     return f"**Older than its code:** run at {runs}; {changed}; {why}: rerun it to bring it to HEAD."
 
 
-__all__ = ["code_files", "driver_entry", "freshness_line", "later_changes", "section_commits", "sittings"]
+__all__ = ["code_digest", "code_files", "driver_entry", "freshness_line", "later_changes", "normalized",
+           "probes_to_run", "section_commits", "sittings"]

@@ -15,7 +15,8 @@ from pathlib import Path
 from ..claims import verdict_frame, verdict_markdown, verdicts_for
 from ..io import atomic_write_csv, atomic_write_text, read_jsonl
 from ..registry import get_attention_spec, list_attentions
-from .freshness import driver_entry, freshness_line, sittings
+from .fingerprint_records import compute_pending
+from .freshness import driver_entry, freshness_line, probes_to_run, sittings
 from .protocol import EXPERIMENTS
 from .results_index_notes import DISCREPANCIES, ROWSUM, baseline_flavours, paper_blocks, rowsum_numbers
 
@@ -314,6 +315,10 @@ def build_index(results: str | Path, preset: str | None = None, probes: bool = T
            "Also as [claims.md](claims.md) and [claims.csv](claims.csv) (with the context and runs behind each "
            "verdict).", ""]
     out += ["## How these results were made", ""] + _how_made(record, results)
+    if probes:  # the sections whose code changed: their probes computed up front, two processes at a time
+        compute_pending([job for sec in SECTIONS if section_modules(sec) and (results / sec.script).is_dir()
+                         for job in probes_to_run(results / sec.script, record, sec.script, section_modules(sec),
+                                                  results / "_cache" / "fingerprints")])
     seen_md: set[Path] = set()
     for sec in SECTIONS:
         out += _section_lines(results, sec, record, seen_md, verdicts, probes)

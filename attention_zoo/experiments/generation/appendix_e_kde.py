@@ -27,8 +27,8 @@ from ...results import ensure_out_dir, read_records
 from ..common import ListAction, base_parser, experiment_main, select_variants, variant_flavours
 from ..launchers import run_whole
 from ..protocol import add_launcher_arguments
-from .shared import flat_wide
 from .table1_generation import NAME as TABLE1
+from .tables_report import flat_wide
 
 NAME = "appendix_e_kde"
 SCORES = {"mse": "lower", "feature_distance": "lower", "nll": "lower", "bertscore_f1": "higher",

@@ -16,7 +16,8 @@ from ...io import atomic_write_text
 from ..protocol import default_workers
 from ..tuning import Tuning, calibration_lines, execute_stages, report_lines, tuned_cells
 from .config import Context
-from .shared import Clock, cell_plan, comparison_text, frame_and_env
+from .shared import Clock, cell_plan, frame_and_env
+from .tables_report import comparison_text
 
 # lr from half to four times the smoke setting 2e-3 (on a 3-point grid up to 4e-3, 8 of Table 1's 9 digits arms
 # chose the top); weight decay 0 (the authors') and 0.1. Seeds 1000-1001 score the grid.

@@ -12,7 +12,7 @@ from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
 from ...claims.gate import DISTINCT_BELOW, EMPTY_AT, GENERATED, NOT_LEARNED, apply_gate
 from .config import Context
-from .shared import (
+from .tables_report import (
     ANALOG,
     NOT_COMPARABLE,
     PAPER_NAMES,

@@ -13,7 +13,7 @@ from ...claims import frame_verdicts, verdict_markdown
 from ...claims.ledger import ABLATION_IMAGE
 from ...claims.spec import resolve
 from ...claims.stats import t_interval
-from . import shared as gc
+from . import tables_report as gc
 from .ablations import INFERENCE, depth_of
 
 NAME = "table3_depth_blocks"

@@ -12,7 +12,7 @@ from ... import plots, report
 from ...claims import frame_verdicts, verdict_markdown
 from ...claims.ledger import ABLATION_IMAGE, ABLATION_TEXT
 from ...claims.spec import resolve
-from . import shared as gc
+from . import tables_report as gc
 from .ablations import SETTINGS, TABLE4_ROWS
 
 NAME = "table4_ablation"
