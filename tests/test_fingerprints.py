@@ -44,7 +44,8 @@ def test_a_digest_ignores_rounding_noise_and_sees_a_thousandth():
 def test_rows_keep_the_computation_and_drop_the_machine():
     rows = [{"metric": "test_loss", "value": 2.5, "unit": "nats", "best_step": 10},
             {"metric": "train_time_s", "value": 12.0, "unit": "s"}, {"metric": "tokens_per_s", "value": 9e4},
-            {"metric": "peak_rss_mib", "value": 300.0, "unit": "MiB"}, {"metric": "x", "value": 1.0, "message": "/tmp/a"}]
+            {"metric": "peak_rss_mib", "value": 300.0, "unit": "MiB"},
+            {"metric": "x", "value": 1.0, "message": "see runs/a"}]
     names = [n for n, _ in fp.rows_digest(rows)]
     assert any('"test_loss"' in n and n.endswith(".value") for n in names)
     assert any(n.endswith(".best_step") for n in names)
