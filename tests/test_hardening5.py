@@ -76,3 +76,20 @@ def test_compare_checks_its_csv_before_any_work(tmp_path, capsys):
     assert main(["compare", base, base, "--csv", str(tmp_path)]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.strip().startswith("error: csv: ") and len(out.err.strip().splitlines()) == 1
+
+
+# ---- 2. bench decode refuses sizes that can never work, before any work --------------------------------------------
+@pytest.mark.parametrize(("argv", "arg"), [(["--contexts", str(10**30)], "contexts"),
+                                           (["--d-model", "30", "--heads", "4"], "d_model")],
+                         ids=["huge-context", "width-not-divisible"])
+def test_decode_refuses_impossible_sizes_with_one_error_line(capsys, monkeypatch, argv, arg):
+    from attention_zoo.bench import main
+    from attention_zoo.measure import decode
+
+    monkeypatch.setattr(decode.subprocess, "run", lambda *a, **k: pytest.fail("a child was started"))
+    assert main(["decode", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(f"error: {arg}: "), out.err
+    with pytest.raises(ValueError, match=f"^{arg}: "):
+        decode.decode_benchmark("mha", **({"contexts": [10**30]} if arg == "contexts" else {"d_model": 30,
+                                                                                              "heads": 4}))
