@@ -93,3 +93,44 @@ def test_decode_refuses_impossible_sizes_with_one_error_line(capsys, monkeypatch
     with pytest.raises(ValueError, match=f"^{arg}: "):
         decode.decode_benchmark("mha", **({"contexts": [10**30]} if arg == "contexts" else {"d_model": 30,
                                                                                               "heads": 4}))
+
+
+# ---- 3. a dry run checks what the run checks, and downloads and writes nothing ------------------------------------
+@pytest.mark.parametrize(("module", "argv", "arg"), [
+    ("efficiency.table2_efficiency", ["--settings", "bogus"], "settings"),
+    ("efficiency.table2_efficiency", ["--counters", "bogus"], "counters"),
+    ("efficiency.table2_efficiency", ["--variants", "bogus"], "variants"),
+    ("efficiency.table7_complexity", ["--variants", "bogus"], "variants"),
+    ("efficiency.rowsum_analysis", ["--sections", "bogus"], "sections"),
+    ("generation.appendix_e_kde", ["--variants", "bogus"], "variants"),
+    ("synthetic.sweep", ["--slurm-extra", "bogus=1"], "slurm-extra"),
+    ("efficiency.table2_efficiency", ["--launcher", "submitit", "--submitit-cluster", "local", "--slurm-extra",
+                                      "bogus=1"], "slurm-extra"),
+    ("generation.table4_ablation", ["--launcher", "submitit", "--submitit-cluster", "local", "--slurm-extra",
+                                    "slurm_time=-5"], "slurm-extra"),
+], ids=lambda v: v if isinstance(v, str) else "-".join(v)[:40])
+def test_a_dry_run_refuses_what_the_run_refuses(tmp_path, capsys, module, argv, arg):
+    import importlib
+
+    main = importlib.import_module(f"attention_zoo.experiments.{module}").main
+    out = tmp_path / "out"
+    assert main(["--dry-run", "--out", str(out), "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {arg}: "), err
+    assert not out.exists()
+
+
+def test_a_dry_run_with_missing_data_names_it_and_downloads_and_creates_nothing(tmp_path, capsys, monkeypatch):
+    from attention_zoo.data import fetch
+    from attention_zoo.experiments.vision import table6_vit
+
+    def no_network(*a, **k):
+        raise AssertionError("a dry run tried to download")
+
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", no_network)
+    data, out = tmp_path / "data", tmp_path / "out"
+    assert table6_vit.main(["--dry-run", "--preset", "cifar10", "--data-dir", str(data), "--out", str(out),
+                            "--device", "cpu", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "cifar10" in text and "not on disk" in text and "download" in text
+    assert not data.exists() and not out.exists()

@@ -342,9 +342,35 @@ class WholeRunJob:
         atomic_write_text(self.path, json.dumps({"exit_code": int(code)}))
 
 
-def run_whole(args, name: str, fn) -> int:
+def check_launcher(args, name: str = "run") -> None:
+    """The launcher settings of ``args`` checked as a launch checks them, creating and submitting nothing: with
+    ``--launcher submitit`` everything ``SubmititLauncher`` refuses; with ``local`` a given ``--slurm-extra`` is
+    still checked (where submitit is installed), since a bad key is bad input whatever runs it. The experiments'
+    parser calls it, so a real run and a dry run refuse the same settings before any work.
+
+    Raises:
+        ValueError: the first bad setting, the message naming its flag.
+    """
+    if getattr(args, "launcher", "local") == "submitit":
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise ValueError("launcher: submitit is not installed (pip install attention_zoo[cluster])") from None
+        _parameters(args, name)
+    elif getattr(args, "slurm_extra", None):
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            return
+        _extra(args.slurm_extra)
+
+
+def run_whole(args, name: str, fn, check=None) -> int:
     """``fn(args)`` here (``--launcher local``) or as one submitit job, waiting for it (``--launcher submitit``);
-    with ``--dry-run``, the plan instead."""
+    with ``--dry-run``, the plan instead. ``check(args)``: the script's own argument checks (the ones ``fn`` makes
+    before any work), run first in either case, so a dry run refuses what the run would refuse."""
+    if check is not None:
+        check(args)
     if getattr(args, "dry_run", False):
         from .dryrun import show_whole
 
