@@ -33,7 +33,7 @@ from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positi
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
-from .measure.gate import check_variant, gate_status
+from .measure.gate import announce_refusal, check_variant, gate_status
 from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
 from .measure.memory import measure_memory_many, memory_item
 from .measure.params import count_params
@@ -267,6 +267,8 @@ def _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing,
                         gate[(name, flavor, dtype)] = check_variant(
                             name, {"flavor": flavor}, getattr(torch, amp) if amp else torch.float32, device,
                             autocast=amp is not None)
+                        if gate[(name, flavor, dtype)]:
+                            announce_refusal(f"{name}/{flavor} {dtype}", gate[(name, flavor, dtype)])
                     if gate[(name, flavor, dtype)]:
                         why = gate[(name, flavor, dtype)]
                         rows += [{**base, "mode": m, "compiled": False, "status": gate_status(why),

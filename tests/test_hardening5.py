@@ -134,3 +134,58 @@ def test_a_dry_run_with_missing_data_names_it_and_downloads_and_creates_nothing(
     text = capsys.readouterr().out
     assert "cifar10" in text and "not on disk" in text and "download" in text
     assert not data.exists() and not out.exists()
+
+
+# ---- 4. the correctness gate checks the timed dtype's gradients and names what it refuses -------------------------
+@pytest.fixture
+def nan_grad_fp32():
+    """A plugin whose float32 parameter gradients are NaN (its outputs and input gradients are MHA's)."""
+    import torch
+
+    import attention_zoo as zoo
+    from attention_zoo import registry
+    from attention_zoo.variants.mha import MultiHeadAttention
+
+    before = dict(registry._REGISTRY)
+
+    class _PoisonGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w):
+            return w.view_as(w)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("nan") if g.dtype == torch.float32 else g
+
+    @zoo.register_attention("h5_nan_grad")
+    class NanGrad(MultiHeadAttention):
+        def _attend(self, x, masks, stack_context):
+            w = _PoisonGrad.apply(self.out_proj.weight)
+            y = super()._attend(x, masks, stack_context)
+            return y + 0 * (w.sum() * x[..., :1]).to(y.dtype)
+
+    try:
+        yield "h5_nan_grad"
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+
+
+def test_the_gate_refuses_nan_parameter_gradients_in_the_timed_dtype(nan_grad_fp32):
+    from attention_zoo.measure.gate import check_variant, gate_status
+
+    why = check_variant(nan_grad_fp32)
+    assert why is not None and "non-finite parameter gradient in float32" in why and gate_status(why) == "nan"
+
+
+def test_bench_names_a_refused_variant_on_stderr_under_quiet(nan_grad_fp32, tmp_path, capsys):
+    from attention_zoo.bench import main
+
+    csv = tmp_path / "b.csv"
+    main(["--variants", nan_grad_fp32, "--batch", "1", "--seq-len", "8", "--d-model", "16", "--heads", "2",
+          "--modes", "fwd", "--warmup", "0", "--min-time", "0.001", "--min-repeats", "2", "--no-memory", "--quiet",
+          "--device", "cpu", "--results-file", str(csv)])
+    err = capsys.readouterr().err
+    assert f"{nan_grad_fp32}/paper fp32: refused by the correctness gate" in err
+    df = pd.read_csv(csv)
+    assert df.loc[df["variant"] == nan_grad_fp32, "latency_median_ms"].isna().all()

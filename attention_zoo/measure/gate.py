@@ -3,10 +3,11 @@
 On a small shape (B = 2, T = 8, D = 32, H = 4; non-causal, and causal where the variant allows it), with the
 options the benchmark will time:
 1. forward + backward in float64 is finite (output, input gradient, every parameter gradient);
-2. the same weights in the timed dtype (or in float32 under autocast to it, as the timed step runs) give the
-   float64 output and input gradient within a tolerance scaled to the dtype (relative to the largest float64
-   value: 1e-3 in float32, 5e-2 in bfloat16/float16): a fast path that
-   only goes wrong in low precision, or a kernel that reads uninitialised memory, is caught;
+2. the same weights in the timed dtype (or in float32 under autocast to it, as the timed step runs) give a finite
+   output, input gradient and parameter gradients, and the float64 ones within a tolerance scaled to the dtype
+   (relative to the largest float64 value; the parameter gradients all together: 1e-3 in float32, 5e-2 in
+   bfloat16/float16): a fast path that only goes wrong in low precision, or a kernel that reads uninitialised
+   memory, is caught;
 3. where the variant declares ``reference_options`` (options that select its explicit/reference path, e.g.
    DAMCHA's unfused RowSum), the default path equals the reference path in float64 to 1e-8.
 Comparisons run in eval mode (no dropout or sampling), the gradient of ``y.square().mean()`` plus the variant's
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 
 import torch
 
@@ -61,12 +63,20 @@ def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = t
             if not (torch.isfinite(y64).all() and torch.isfinite(g64).all()
                     and all(g is None or torch.isfinite(g).all() for g in pgrads)):
                 return f"{where}: non-finite output or gradient in float64"
-            y, g, _ = _run(low, x.to(torch.float32 if autocast else dtype), dtype if autocast else None)
-            tol = TOL.get(dtype, 5e-2)
-            for what, a, ref in (("output", y, y64), ("input gradient", g, g64)):
+            y, g, plow = _run(low, x.to(torch.float32 if autocast else dtype), dtype if autocast else None)
+            tol, dname = TOL.get(dtype, 5e-2), str(dtype).split('.')[-1]
+            pairs = [(a, b) for a, b in zip(plow, pgrads) if a is not None and b is not None]
+            bad = [what for what, t in (("output", y), ("input gradient", g)) if not torch.isfinite(t).all()]
+            bad += ["parameter gradient"] if any(not torch.isfinite(a).all() for a, _ in pairs) else []
+            if bad:  # the timed dtype's own gradients too: a NaN there is never timed
+                return f"{where}: non-finite {' and '.join(bad)} in {dname}"
+            flat = torch.zeros(1, dtype=torch.float64)  # a variant without parameters
+            p = torch.cat([a.double().flatten() for a, _ in pairs]) if pairs else flat
+            p64 = torch.cat([b.double().flatten() for _, b in pairs]) if pairs else flat
+            for what, a, ref in (("output", y, y64), ("input gradient", g, g64), ("parameter gradients", p, p64)):
                 err = _rel(a, ref)
                 if not err <= tol:
-                    return f"{where}: {what} in {str(dtype).split('.')[-1]} differs from float64 by {err:.2g} " \
+                    return f"{where}: {what} in {dname} differs from float64 by {err:.2g} " \
                            f"(relative; tolerance {tol:g})"
             ref_opts = {k: v for k, v in (getattr(spec.cls, "reference_options", None) or {}).items()
                         if k in spec.options}  # a subclass (a control arm) may not take its parent's options
@@ -84,6 +94,12 @@ def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = t
     return None
 
 
+def announce_refusal(label: str, reason: str) -> None:
+    """One stderr line naming a variant the gate refused and why; printed whatever the caller's verbosity
+    (``--quiet`` hides tables, never a refusal)."""
+    print(f"warning: {label}: refused by the correctness gate, no speed reported ({reason})", file=sys.stderr)
+
+
 def gate_status(reason: str) -> str:
     """The row status of a gate failure: ``nan`` (non-finite values), ``incorrect`` (finite but wrong values) or
     ``error`` (the variant raised)."""
@@ -92,4 +108,4 @@ def gate_status(reason: str) -> str:
     return "incorrect" if " differs " in reason else "error"
 
 
-__all__ = ["check_variant", "gate_status"]
+__all__ = ["announce_refusal", "check_variant", "gate_status"]

@@ -43,7 +43,7 @@ from ..registry import get_attention_spec, is_attention, parse_option_rows, sele
 from ..results import ensure_out_file
 from .breakdown import breakdown_lines, mha_breakdown
 from .flops import analytic_flops
-from .gate import check_variant, gate_status
+from .gate import announce_refusal, check_variant, gate_status
 from .gemm import gemm_description, interleaved_with_gemm
 from .latency import LOAD_KEYS, step_fn
 from .memory import measure_memory_many, memory_item
@@ -97,6 +97,9 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
         if key not in gate:  # correctness before speed: no time is reported for a variant that fails
             gate[key] = check_variant(spec["attention"], spec["options"], DTYPES[spec["amp"] or spec["dtype"]], device,
                                       autocast=spec["amp"] is not None)
+            if gate[key] is not None:
+                opts = f" {spec['options']}" if spec["options"] else ""
+                announce_refusal(f"{spec['attention']}{opts} {spec['amp'] or spec['dtype']}", gate[key])
         if gate[key] is not None:
             rows[label] = {"status": gate_status(gate[key]), "message": f"correctness gate: {gate[key]}"}
             continue
