@@ -189,3 +189,43 @@ def test_bench_names_a_refused_variant_on_stderr_under_quiet(nan_grad_fp32, tmp_
     assert f"{nan_grad_fp32}/paper fp32: refused by the correctness gate" in err
     df = pd.read_csv(csv)
     assert df.loc[df["variant"] == nan_grad_fp32, "latency_median_ms"].isna().all()
+
+
+# ---- 5. a swap is all or nothing ------------------------------------------------------------------------------------
+def _gpt2_inverse_layer_scale():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # layer 0 scales its logits as ours do, layer 1 by 1/(layer_idx + 1) more: its weights cannot be copied
+    cfg = GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=64, bos_token_id=0, eos_token_id=0,
+                     scale_attn_by_inverse_layer_idx=True)
+    return GPT2LMHeadModel(cfg), "transformer.h.1.attn"
+
+
+def _encoder_with_bias_kv_layer():
+    import torch
+
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+    enc.layers[1].self_attn = torch.nn.MultiheadAttention(16, 2, add_bias_kv=True, batch_first=True)
+    return enc, "layers.1.self_attn"
+
+
+@pytest.mark.parametrize("name", ["mha", "damcha"])  # damcha: stack-shared, takes the host's V and output projection
+@pytest.mark.parametrize("build", [_gpt2_inverse_layer_scale, _encoder_with_bias_kv_layer],
+                         ids=["gpt2-layer-scale", "encoder-bias-kv"])
+def test_a_swap_refused_at_a_later_layer_leaves_the_model_as_it_was(build, name):
+    import torch
+
+    import attention_zoo as zoo
+
+    torch.manual_seed(0)
+    model, bad = build()
+    model.eval()
+    kinds = {n: type(m) for n, m in model.named_modules()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"^model\.{bad}: "):
+        zoo.swap_attention(model, name)
+    assert {n: type(m) for n, m in model.named_modules()} == kinds
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not hasattr(model, "attention_zoo_swap") and not hasattr(model, "attention_zoo_shared")
