@@ -229,3 +229,44 @@ def test_a_swap_refused_at_a_later_layer_leaves_the_model_as_it_was(build, name)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert not hasattr(model, "attention_zoo_swap") and not hasattr(model, "attention_zoo_shared")
+
+
+# ---- 6. diverged seeds are failures of their arm, not missing data ------------------------------------------------
+def _diverged_frame(arm: str, how: str, k: int = 2, n: int = 10):
+    """Synthetic rows at λ = 1: DAMCHA 10 % below MHA's test MSE on every seed, and ``k`` seeds of ``arm`` diverged
+    (``how``: a status ``nan`` row with a NaN value, as the training loops store it, or an infinite value)."""
+    rows = []
+    for s in range(n):
+        base = 0.2 + 0.02 * s
+        for v, value in (("mha", base), ("damcha", base * 0.9 * (1 + 0.01 * ((s % 3) - 1)))):
+            row = {"task": "regression", "lam": 1.0, "d_e": 8, "seed": s, "variant": v, "flavor": "paper",
+                   "metric": "test_mse", "value": value, "status": "ok"}
+            if v == arm and s < k:
+                row |= {"value": float("nan"), "status": "nan", "message": "diverged"} if how == "status" else \
+                    {"value": float("inf")}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("how", ["status", "inf"])
+@pytest.mark.parametrize("arm", ["damcha", "mha"])
+def test_a_comparison_that_loses_seeds_to_divergence_is_not_decidable(arm, how):
+    from attention_zoo.claims import decide, get_claim
+    from attention_zoo.claims.data import StoreRows
+
+    frame = _diverged_frame(arm, how)
+    rows = StoreRows(frame, Path("x.jsonl"), "ctx", ["run"], ["abc"])
+    v = [v for v in decide({("synthetic", "decide"): rows}, (get_claim("I.lambda1"),)) if v.preset == "decide"][0]
+    assert v.verdict == f"not decidable: 2 of 10 seeds of {arm} diverged", (v.verdict, v.ours)
+    assert f"2 of 10 seeds of {arm} diverged" in v.ours
+    healthy = StoreRows(_diverged_frame(arm, how, k=0), Path("x.jsonl"), "ctx", ["run"], ["abc"])
+    assert [v for v in decide({("synthetic", "decide"): healthy}, (get_claim("I.lambda1"),))
+            if v.preset == "decide"][0].verdict == "supported"
+
+
+def test_delta_tables_name_the_seeds_lost_to_divergence():
+    from attention_zoo.claims.paired import delta_frame, delta_table
+
+    d = delta_frame(_diverged_frame("damcha", "status"), ["metric"], {"variant": "mha", "flavor": "paper"})
+    assert d["n"].tolist() == [8] and d["diverged"].tolist() == [2]
+    assert "(n=8; 2 diverged)" in delta_table(d, ["metric"]).iloc[0, 1]
