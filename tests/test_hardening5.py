@@ -270,3 +270,40 @@ def test_delta_tables_name_the_seeds_lost_to_divergence():
     d = delta_frame(_diverged_frame("damcha", "status"), ["metric"], {"variant": "mha", "flavor": "paper"})
     assert d["n"].tolist() == [8] and d["diverged"].tolist() == [2]
     assert "(n=8; 2 diverged)" in delta_table(d, ["metric"]).iloc[0, 1]
+
+
+# ---- 7. guest manners: the gate and the FLOP counters leave the caller's process as they found it -----------------
+def test_the_gate_leaves_the_callers_torch_rng_alone():
+    import torch
+
+    from attention_zoo.measure.gate import check_variant
+
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    assert check_variant("mha") is None
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("counters", [("fvcore",), ("flop_counter",)])
+def test_flop_counting_keeps_a_training_model_training_and_the_fvcore_logger_level(counters):
+    import logging
+
+    import torch
+
+    import attention_zoo as zoo
+    from attention_zoo.measure.flops import count_flops
+
+    model = zoo.models.Decoder(32, 16, 2, 2, attention="mha")
+    model.train()
+    model.stack.eval()  # a mixed state is restored module by module
+    modes = {n: m.training for n, m in model.named_modules()}
+    log = logging.getLogger("fvcore")
+    before = log.level
+    log.setLevel(logging.INFO)
+    try:
+        count_flops(model, (torch.randint(0, 32, (1, 8)),), 1, 8, counters=counters)
+        assert {n: m.training for n, m in model.named_modules()} == modes
+        assert log.level == logging.INFO
+    finally:
+        log.setLevel(before)

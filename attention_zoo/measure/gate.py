@@ -24,6 +24,7 @@ import torch
 
 from ..registry import create_attention, get_attention_spec
 from ..variants.base import collect_aux_losses
+from .workload import private_rng
 
 SHAPE = (2, 8, 32, 4)  # B, T, D, H
 TOL = {torch.float32: 1e-3, torch.float64: 1e-10, torch.bfloat16: 5e-2, torch.float16: 5e-2}
@@ -51,6 +52,11 @@ def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = t
     step does), instead of holding its weights in ``dtype``."""
     options = dict(options or {})
     spec = get_attention_spec(name)
+    with private_rng(torch.device(device)):  # seeded below: the caller's RNG stream is left as it was
+        return _check(name, spec, options, dtype, device, autocast)
+
+
+def _check(name, spec, options, dtype, device, autocast) -> str | None:
     B, T, D, H = SHAPE
     for causal in (False, True) if spec.causal_ok else (False,):
         where = "causal" if causal else "non-causal"
