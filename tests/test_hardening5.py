@@ -307,3 +307,32 @@ def test_flop_counting_keeps_a_training_model_training_and_the_fvcore_logger_lev
         assert log.level == logging.INFO
     finally:
         log.setLevel(before)
+
+
+# ---- 8. tuning records: seeds, not counts; a record without its setting is refused -------------------------------
+def _tune_record(lr, wd, seed, val, drop=()):
+    cell = {"variant": "mha", "phase": "tune", "lr": lr, "weight_decay": wd, "seed": seed}
+    return {"cell": {k: v for k, v in cell.items() if k not in drop}, "rows": [{"metric": "val_loss", "value": val}]}
+
+
+def test_a_missing_tuning_seed_is_not_replaced_by_a_foreign_one():
+    from attention_zoo.experiments.tuning import Tuning, arm_id, choose, tune_scores, tuned_cells
+
+    tuning = Tuning(lrs=(1e-3, 3e-3), weight_decays=(0.0,), tune_seeds=(7, 8), seeds=tuple(range(10)))
+    recs = [_tune_record(lr, 0.0, 7, 1.0 + lr) for lr in tuning.lrs]
+    recs += [_tune_record(lr, 0.0, 99, 5.0 - lr) for lr in tuning.lrs]  # seed 8 missing; seed 99 is not a tuning seed
+    assert choose(tuning, tune_scores(recs, "val_loss")[arm_id({"variant": "mha"})]) is None
+    cells, waiting, choices = tuned_cells(tuning, [{"variant": "mha"}], recs)
+    assert not choices and len(waiting) == 10 and not [c for c in cells if c["phase"] == "tuned"]
+    recs += [_tune_record(lr, 0.0, 8, 1.0 + lr) for lr in tuning.lrs]
+    choice = choose(tuning, tune_scores(recs, "val_loss")[arm_id({"variant": "mha"})])
+    assert choice.setting == {"lr": 1e-3, "weight_decay": 0.0} and choice.score == 1.0 + 1e-3  # seed 99 unused
+
+
+@pytest.mark.parametrize("drop", ["lr", "weight_decay", "seed"])
+def test_a_tuning_record_without_its_setting_is_refused_clearly(drop):
+    from attention_zoo.experiments.tuning import Tuning, tuned_cells
+
+    tuning = Tuning(lrs=(1e-3,), weight_decays=(0.0,), tune_seeds=(7,), seeds=(0,))
+    with pytest.raises(ValueError, match=rf"^records: a tuning cell without its {drop}"):
+        tuned_cells(tuning, [{"variant": "mha"}], [_tune_record(1e-3, 0.0, 7, 1.0, drop=(drop,))])
