@@ -336,3 +336,26 @@ def test_a_tuning_record_without_its_setting_is_refused_clearly(drop):
     tuning = Tuning(lrs=(1e-3,), weight_decays=(0.0,), tune_seeds=(7,), seeds=(0,))
     with pytest.raises(ValueError, match=rf"^records: a tuning cell without its {drop}"):
         tuned_cells(tuning, [{"variant": "mha"}], [_tune_record(1e-3, 0.0, 7, 1.0, drop=(drop,))])
+
+
+# ---- 9. the index survives an unreadable environment record --------------------------------------------------------
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '"text"', '{"runs": "x", "git_commit": "abc1234"}'],
+                         ids=["corrupt", "list", "string", "runs-not-a-list"])
+def test_the_index_is_built_around_an_unreadable_environment_record(tmp_path, content):
+    import json
+
+    from attention_zoo.experiments.freshness import sittings
+    from attention_zoo.experiments.results_index import build_index
+
+    good = tmp_path / "table9"
+    good.mkdir()
+    (good / "table9.env.json").write_text(json.dumps({"device_name": "TestCPU", "device": "cpu"}))
+    folder = tmp_path / "table5_gpt2"
+    folder.mkdir()
+    (folder / "table5_gpt2.env.json").write_text(content)
+    assert all(isinstance(s, dict) for s in sittings(folder))
+    md = build_index(tmp_path).read_text()
+    assert "TestCPU" in md and "## Table 5" in md  # the rest of the index is there
+    if not content.startswith('{"runs"'):
+        assert "**Unreadable environment record:** `table5_gpt2/table5_gpt2.env.json`" in md
+        assert "- `table5_gpt2/table5_gpt2.env.json`: unreadable" in md

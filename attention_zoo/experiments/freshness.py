@@ -82,12 +82,27 @@ def _git(root: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def read_env_record(path: Path) -> tuple[dict | None, str]:
+    """(the environment record at ``path``, "") or (None, why it cannot be read: not JSON, not a JSON object)."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, f"not readable as JSON ({type(exc).__name__})"
+    if not isinstance(rec, dict):
+        return None, f"not a JSON object (a {type(rec).__name__})"
+    return rec, ""
+
+
 def sittings(folder: Path) -> list[dict]:
-    """The sittings behind a results folder: its ``.env.json`` records and the earlier runs each lists."""
+    """The sittings behind a results folder: its ``.env.json`` records and the earlier runs each lists (records
+    that cannot be read, and listed runs that are not objects, are left out: ``read_env_record``)."""
     out = []
     for env_file in sorted(folder.glob("*.env.json")):
-        env = json.loads(env_file.read_text())
-        out += [env] + list(env.get("runs") or [])
+        env, _ = read_env_record(env_file)
+        if env is None:
+            continue
+        runs = env.get("runs")
+        out += [env] + [r for r in (runs if isinstance(runs, list) else []) if isinstance(r, dict)]
     return sorted(out, key=lambda s: str(s.get("time_utc")))
 
 
@@ -167,4 +182,5 @@ def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[s
             f"on ({shown}): rerun it to bring it to HEAD.")
 
 
-__all__ = ["code_files", "driver_entry", "freshness_line", "later_changes", "section_commits", "sittings"]
+__all__ = ["code_files", "driver_entry", "freshness_line", "later_changes", "read_env_record", "section_commits",
+           "sittings"]
