@@ -359,3 +359,37 @@ def test_the_index_is_built_around_an_unreadable_environment_record(tmp_path, co
     if not content.startswith('{"runs"'):
         assert "**Unreadable environment record:** `table5_gpt2/table5_gpt2.env.json`" in md
         assert "- `table5_gpt2/table5_gpt2.env.json`: unreadable" in md
+
+
+# ---- 10. the local launcher survives a worker that dies -------------------------------------------------------------
+def _dies_on_one(unit):
+    """A unit of the planted run: unit 1's worker is killed (as the out-of-memory killer would) while unit 0 is still
+    running beside it, so the pool's break cannot tell which of the two died; the others work."""
+    import os
+    import signal
+    import time
+
+    c = unit[0]["c"]
+    if c == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0 if c == 0 else 0.1)
+    return [[{"metric": "m", "value": float(c), "unit": ""}]]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_worker_that_dies_fails_its_unit_and_the_others_are_stored(tmp_path, capsys, workers):
+    from argparse import Namespace
+
+    from attention_zoo.experiments.protocol import Plan, execute
+    from attention_zoo.results import ResultStore
+
+    store = ResultStore(tmp_path, "dying", {"options": {}})
+    units = [[{"c": i}] for i in range(6)]
+    plan = Plan(store, units, _dies_on_one, lambda: 0, workers=workers)
+    code = execute(plan, Namespace(dry_run=False, launcher="local", quiet=True), "dying")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "failed 1 cell(s): worker process" in err and "SIGKILL" in err, err
+    store.refresh()
+    assert [c for c in range(6) if store.is_done({"c": c})] == [0, 2, 3, 4, 5]
