@@ -393,3 +393,56 @@ def test_a_worker_that_dies_fails_its_unit_and_the_others_are_stored(tmp_path, c
     assert "failed 1 cell(s): worker process" in err and "SIGKILL" in err, err
     store.refresh()
     assert [c for c in range(6) if store.is_done({"c": c})] == [0, 2, 3, 4, 5]
+
+
+# ---- 11. deprecated paths reach every name of the old module, and python -m of an old path works ------------------
+OLD_NAMES = """
+import warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as w:
+    from attention_zoo.experiments.table1_generation import PAPER, paper_comparison, TEXT_METRICS
+    from attention_zoo.experiments.table3_depth_blocks import temperature_rows, INFERENCE
+    from attention_zoo.experiments.table4_ablation import relative_changes, STAND_INS
+    from attention_zoo.experiments.table5_gpt2 import PAPER_DATASETS
+    from attention_zoo.experiments.generation import TextData, AUTHOR_TOKENIZERS  # an old module, now a package
+from attention_zoo.experiments.generation import data, table1_report as t1, table3_report as t3, ablations
+from attention_zoo.experiments.generation import table4_report as t4
+from attention_zoo.experiments.lm import table5_report as t5
+assert PAPER is t1.PAPER and paper_comparison is t1.paper_comparison and TEXT_METRICS is t1.TEXT_METRICS
+assert temperature_rows is t3.temperature_rows and INFERENCE is ablations.INFERENCE
+assert relative_changes is t4.relative_changes and STAND_INS is t4.STAND_INS and PAPER_DATASETS is t5.PAPER_DATASETS
+assert TextData is data.TextData and AUTHOR_TOKENIZERS is data.AUTHOR_TOKENIZERS
+moved = [str(x.message) for x in w if issubclass(x.category, DeprecationWarning)]
+assert any("table1_generation.PAPER moved to attention_zoo.experiments.generation.table1_report.PAPER" in m
+           for m in moved), moved
+assert any("generation.TextData moved to attention_zoo.experiments.generation.data.TextData" in m for m in moved)
+import importlib
+from attention_zoo.experiments import MOVED_NAMES
+for old, names in MOVED_NAMES.items():
+    mod = importlib.import_module(f"attention_zoo.experiments.{old}")
+    for name in names:
+        getattr(mod, name)
+print("ok")
+"""
+
+
+def test_old_paths_reach_the_names_that_moved_on_into_other_modules():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", OLD_NAMES], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("old", "expect"), [("table5_gpt2", "python reproduce/table5_gpt2.py"),
+                                             ("synthetic", "python reproduce/synthetic.py"),
+                                             ("train_speed", "usage: python -m attention_zoo.bench train")])
+def test_python_dash_m_of_an_old_path_points_to_or_runs_the_new_module(old, expect):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", f"attention_zoo.experiments.{old}", "--help"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"attention_zoo.experiments.{old} moved to attention_zoo.experiments." in res.stderr
+    assert expect in res.stdout + res.stderr
