@@ -446,3 +446,92 @@ def test_python_dash_m_of_an_old_path_points_to_or_runs_the_new_module(old, expe
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"attention_zoo.experiments.{old} moved to attention_zoo.experiments." in res.stderr
     assert expect in res.stdout + res.stderr
+
+
+# ---- 12. the gate compares a routed variant under the float64 pass's routing ----------------------------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_moa_damcha_repo_passes_the_low_precision_gate_under_the_float64_routing(dtype):
+    import torch
+
+    from attention_zoo.measure.gate import check_variant
+
+    notes = []
+    assert check_variant("moa", {"flavor": "damcha_repo"}, getattr(torch, dtype), autocast=True, notes=notes) is None
+    assert notes and all("compared under the float64 pass's routing" in n for n in notes), notes
+
+
+def test_the_issues_bf16_benchmark_of_moa_reports_a_time_and_says_how_it_was_checked():
+    import attention_zoo as zoo
+
+    df = zoo.benchmark(["moa"], [(1, 8, 32, 4)], device="cpu", dtype="bf16", flavors=("paper", "damcha_repo"),
+                       memory=False, warmup=0, min_time_s=0.0, min_repeats=2)
+    repo = df[(df["variant"] == "moa") & (df["flavor"] == "damcha_repo")]
+    assert len(repo) == 2 and (repo["status"] == "ok").all() and repo["latency_median_ms"].notna().all()
+    assert repo["message"].str.contains("float64 pass's routing").all()
+
+
+@pytest.fixture
+def wrong_bf16_moa():
+    """MoA (damcha_repo) whose path is wrong in bfloat16 only: the routing replay must not hide it."""
+    import torch
+
+    import attention_zoo as zoo
+    from attention_zoo import registry
+    from attention_zoo.variants.moa import MixtureOfAttentionHeads
+
+    before = dict(registry._REGISTRY)
+
+    @zoo.register_attention("h5_moa_wrong_bf16")
+    class Wrong(MixtureOfAttentionHeads):
+        def _attend(self, x, masks, stack_context, rotary=None):
+            y = super()._attend(x, masks, stack_context, rotary)
+            return y + 0.1 * y.abs().amax() if y.dtype == torch.bfloat16 else y
+
+    try:
+        yield "h5_moa_wrong_bf16"
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+
+
+def test_the_routing_replay_does_not_hide_a_wrong_low_precision_path(wrong_bf16_moa):
+    import torch
+
+    from attention_zoo.measure.gate import check_variant
+
+    why = check_variant(wrong_bf16_moa, {"flavor": "damcha_repo"}, torch.bfloat16, autocast=True)
+    assert why is not None and "differs from float64" in why
+
+
+@pytest.mark.parametrize("flavor", ["paper", "damcha_repo"])
+def test_moa_numerics_are_unchanged_by_recording_and_replaying_its_own_routing(flavor):
+    import copy
+
+    import torch
+
+    import attention_zoo as zoo
+    from attention_zoo.variants import moa
+
+    torch.manual_seed(0)
+    m = zoo.create_attention("moa", d_model=32, n_heads=4, causal=True, flavor=flavor)
+    torch.nn.init.normal_(m.router.weight)  # a router that has learned something: routes differ across tokens
+    x = torch.randn(2, 8, 32)
+    runs = []
+    for ctx in (None, "record", "replay"):
+        model, xi = copy.deepcopy(m), x.clone().requires_grad_()
+        if ctx is None:
+            y = model(xi)
+        elif ctx == "record":
+            with moa.routing() as routes:
+                y = model(xi)
+        else:
+            with moa.routing(routes):
+                y = model(xi)
+        (y.square().mean() + model.aux_loss).backward()
+        runs.append((y.detach(), xi.grad, [p.grad for p in model.parameters()]))
+    (y0, g0, p0), *others = runs
+    for y, g, p in others:
+        assert torch.equal(y, y0) and torch.equal(g, g0)
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(p, p0))
+    assert len(routes) == 1 and routes[0].shape[-1] == 4 and routes[0].numel() == 2 * 8 * 4
+    assert len({tuple(r) for r in routes[0].reshape(-1, 4).tolist()}) > 1

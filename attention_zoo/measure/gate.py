@@ -11,7 +11,10 @@ options the benchmark will time:
 3. where the variant declares ``reference_options`` (options that select its explicit/reference path, e.g.
    DAMCHA's unfused RowSum), the default path equals the reference path in float64 to 1e-8.
 Comparisons run in eval mode (no dropout or sampling), the gradient of ``y.square().mean()`` plus the variant's
-auxiliary losses.
+auxiliary losses. A variant with data-dependent discrete decisions (MoA's top-k routing; ``AttentionBase.routing``)
+runs step 2 under the float64 pass's decisions: bfloat16 rounding can swap two experts whose router logits nearly
+tie, which changes which computation runs rather than showing a wrong path; how many decisions the timed dtype
+flips on its own is returned as a note (``check_variant(..., notes=[])``), which the benchmarks put in the row.
 """
 
 from __future__ import annotations
@@ -46,17 +49,39 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_variant(name: str, options: dict | None = None, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu", autocast: bool = False) -> str | None:
+                  device: torch.device | str = "cpu", autocast: bool = False,
+                  notes: list[str] | None = None) -> str | None:
     """None when ``name`` with ``options`` passes the gate (module docstring), else the reason it fails.
     ``autocast``: the low-precision run keeps float32 weights and runs under autocast to ``dtype`` (as the timed
-    step does), instead of holding its weights in ``dtype``."""
+    step does), instead of holding its weights in ``dtype``. ``notes``: a list that receives how the check
+    compared where that is worth saying (a routed variant compared under the float64 pass's routing whose own
+    routing differs in ``dtype``)."""
     options = dict(options or {})
     spec = get_attention_spec(name)
     with private_rng(torch.device(device)):  # seeded below: the caller's RNG stream is left as it was
-        return _check(name, spec, options, dtype, device, autocast)
+        return _check(name, spec, options, dtype, device, autocast, notes if notes is not None else [])
 
 
-def _check(name, spec, options, dtype, device, autocast) -> str | None:
+def _routes(spec) -> bool:
+    """Whether the variant makes data-dependent discrete decisions it can record and replay."""
+    return callable(getattr(spec.cls, "routing", None)) and spec.cls.routing() is not None
+
+
+def _routed(spec, replay=None):
+    """The variant's routing record/replay context (``AttentionBase.routing``), or a null context."""
+    return spec.cls.routing(replay) if _routes(spec) else contextlib.nullcontext()
+
+
+def _flips(own: list, ref: list) -> tuple[int, int]:
+    """(decisions that differ, decisions) between two recordings of the same calls (a decision: one token's
+    ordered top-k)."""
+    total = sum(int(r.reshape(-1, r.shape[-1]).shape[0]) for r in ref)
+    if len(own) != len(ref) or any(a.shape != b.shape for a, b in zip(own, ref)):
+        return total, total
+    return sum(int((a.cpu() != b.cpu()).any(-1).sum()) for a, b in zip(own, ref)), total
+
+
+def _check(name, spec, options, dtype, device, autocast, notes) -> str | None:
     B, T, D, H = SHAPE
     for causal in (False, True) if spec.causal_ok else (False,):
         where = "causal" if causal else "non-causal"
@@ -65,12 +90,25 @@ def _check(name, spec, options, dtype, device, autocast) -> str | None:
             m64 = create_attention(name, d_model=D, n_heads=H, causal=causal, **options).double().to(device).eval()
             x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
             low = copy.deepcopy(m64).to(torch.float32 if autocast else dtype)  # before a forward leaves state
-            y64, g64, pgrads = _run(m64, x)
+            free = copy.deepcopy(low) if _routes(spec) else None  # the timed dtype on its own routing
+            with _routed(spec) as routes64:
+                y64, g64, pgrads = _run(m64, x)
             if not (torch.isfinite(y64).all() and torch.isfinite(g64).all()
                     and all(g is None or torch.isfinite(g).all() for g in pgrads)):
                 return f"{where}: non-finite output or gradient in float64"
-            y, g, plow = _run(low, x.to(torch.float32 if autocast else dtype), dtype if autocast else None)
+            x_low, amp = x.to(torch.float32 if autocast else dtype), dtype if autocast else None
             tol, dname = TOL.get(dtype, 5e-2), str(dtype).split('.')[-1]
+            # A routed variant runs under the float64 pass's routing decisions: rounding that flips a near tie
+            # changes which computation runs, not whether the path computes it right. How many it flips is said.
+            with _routed(spec, routes64 or None):
+                y, g, plow = _run(low, x_low, amp)
+            if routes64 and free is not None:
+                with _routed(spec) as own:
+                    _run(free, x_low, amp)
+                flipped, total = _flips(own, routes64)
+                if flipped:
+                    notes.append(f"{where}: compared under the float64 pass's routing ({dname} alone routes "
+                                 f"{flipped} of {total} tokens differently: near ties that rounding flips)")
             pairs = [(a, b) for a, b in zip(plow, pgrads) if a is not None and b is not None]
             bad = [what for what, t in (("output", y), ("input gradient", g)) if not torch.isfinite(t).all()]
             bad += ["parameter gradient"] if any(not torch.isfinite(a).all() for a, _ in pairs) else []
