@@ -59,7 +59,7 @@ def show_missing_data(name: str, exc: DatasetNotFoundError) -> int:
     what = getattr(exc, "action", None)
     lines = [f"{name}: dry run: the data is not on disk, so the plan stops there (nothing downloaded or written)",
              f"data missing: {' '.join(str(exc).split())}",
-             "a run " + ("would do that first, then train" if what else "with these flags would stop with that error")
+             "a run " + ("would do that first, then train" if what else "would stop there with that error")
              + "; once the data is there, --dry-run lists the cells and their cost"]
     print("\n".join(lines))
     return 0
