@@ -35,6 +35,9 @@ parameter counts before and after and the parts copied as ``model.attention_zoo_
 ``attention_zoo`` logger), and warns when the model grows more than 2×. After a stack-shared swap an HF model's
 ``config`` and ``generation_config`` get ``use_cache=False``, so ``model.generate(ids)`` works with its defaults.
 
+A swap is all or nothing: every layer's attention is built, checked and filled before the first one is put in
+place, so a refusal (at any layer) leaves the model as it was.
+
 Width, heads and attention dropout are the host's: the
 options ``d_model``, ``n_heads``, ``dropout`` (and the backbone's ``stack``, ``n_layers``, ``rotary``) are refused.
 
@@ -286,7 +289,8 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
     before, copied = n_params(model), set(PARTS)
     is_causal = [causal if causal is not None else lay.causal for lay in layouts]
     stacks = _build_stacks(root_name, spec, hosts, layouts, is_causal, opts) if spec.stack_shared else {}
-    adapters: dict[str, list] = {}
+    # Every layer is built and checked before any is replaced: a refusal at layer k leaves the model as it was.
+    built = []
     for i, ((path, h_name, kind, host, parent, attr), lay) in enumerate(zip(hosts, layouts)):
         key = _stack_key(h_name)
         members = [h for h in hosts if _stack_key(h[1]) == key]
@@ -319,23 +323,35 @@ def swap_attention(model: nn.Module, name: str, *, causal: bool | None = None, c
         adapter.train(host.training)
         if stack is not None:
             object.__setattr__(adapter, "_stack", stack)
-        if parent is None:
-            model = adapter
-        else:
-            setattr(parent, attr, adapter)
-        adapters.setdefault(key, []).append((adapter, parent if kind.is_block(parent, adapter) else None))
+        built.append((key, kind, host, parent, attr, adapter))
 
-    for key, stack in stacks.items():
-        first = hosts[next(i for i, h in enumerate(hosts) if _stack_key(h[1]) == key)][3]
-        ref = next(first.parameters(), None)
-        if ref is not None:
-            stack.to(device=ref.device, dtype=ref.dtype)
-        stack.train(first.training)
-        n = 0
-        while hasattr(model, _SHARED_NAME + (f"_{n}" if n else "")):  # a second swap or tower: the next free name
-            n += 1
-        model.add_module(_SHARED_NAME + (f"_{n}" if n else ""), stack)
-        _install_stack_hooks(stack, adapters[key][0], adapters[key][-1])
+    adapters, added = {}, []
+    try:
+        for key, kind, _host, parent, attr, adapter in built:
+            if parent is None:
+                model = adapter
+            else:
+                setattr(parent, attr, adapter)
+            adapters.setdefault(key, []).append((adapter, parent if kind.is_block(parent, adapter) else None))
+        for key, stack in stacks.items():
+            first = hosts[next(i for i, h in enumerate(hosts) if _stack_key(h[1]) == key)][3]
+            ref = next(first.parameters(), None)
+            if ref is not None:
+                stack.to(device=ref.device, dtype=ref.dtype)
+            stack.train(first.training)
+            n = 0
+            while hasattr(model, _SHARED_NAME + (f"_{n}" if n else "")):  # a second swap or tower: the next free name
+                n += 1
+            model.add_module(_SHARED_NAME + (f"_{n}" if n else ""), stack)
+            added.append(_SHARED_NAME + (f"_{n}" if n else ""))
+            _install_stack_hooks(stack, adapters[key][0], adapters[key][-1])
+    except BaseException:  # put every host attention back
+        for _key, _kind, host, parent, attr, _adapter in built:
+            if parent is not None:
+                setattr(parent, attr, host)
+        for n in added:
+            delattr(model, n)
+        raise
     for module in model.modules():  # nested-tensor fast path would hand our adapters NestedTensors
         if isinstance(module, nn.TransformerEncoder):
             module.use_nested_tensor = False

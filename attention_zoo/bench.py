@@ -33,7 +33,7 @@ from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positi
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_write_csv, atomic_write_json
 from .measure.flops import analytic_flops, flop_counter_count
-from .measure.gate import check_variant, gate_status
+from .measure.gate import announce_refusal, check_variant, gate_status
 from .measure.latency import LOAD_KEYS, check_timing, measure_interleaved, step_fn
 from .measure.memory import measure_memory_many, memory_item
 from .measure.params import count_params
@@ -153,7 +153,8 @@ def _time_shape(cases: dict, device: torch.device, modes, compile: bool, timing:
     for label, lat in results.items():
         m = meta[label]
         flops = m["fwd_gflop_analytic"] * (1 if m["mode"] == "fwd" else 3)  # backward ≈ 2 × forward
-        message = f"compiled row timed eager: {m['compile_fallback']}" if m.get("compile_fallback") else ""
+        message = "; ".join(x for x in (f"compiled row timed eager: {m['compile_fallback']}" if m.get(
+            "compile_fallback") else "", m.get("gate_note", "")) if x)
         rows.append({**m, "status": "ok", "message": message, "latency_median_ms": lat.median_ms,
                      "latency_q25_ms": lat.q25_ms, "latency_q75_ms": lat.q75_ms, "latency_iqr_ms": lat.iqr_ms,
                      "repeats": lat.repeats, "unstable": lat.unstable, "unstable_reason": lat.unstable_reason,
@@ -251,7 +252,7 @@ def benchmark(variants: str | Iterable[str] = "*", shapes: Iterable[Sequence[int
 
 def _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing, progress) -> tuple[list, dict]:
     """Every case's rows, shape by shape, and the workload spec of each (variant, flavour, dtype, shape)."""
-    rows, specs, gate = [], {}, {}
+    rows, specs, gate, gate_notes = [], {}, {}, {}
     for shape in tqdm(shapes, desc="bench", disable=not progress, unit="shape"):
         cases = {}
         for name in names:
@@ -264,9 +265,12 @@ def _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing,
                             "device": device.type, "device_name": device_name(device), "cpu_model": cpu_model()}
                     if (name, flavor, dtype) not in gate:  # correctness before speed, once per variant and dtype
                         amp = DTYPES[dtype]
+                        notes = gate_notes.setdefault((name, flavor, dtype), [])
                         gate[(name, flavor, dtype)] = check_variant(
                             name, {"flavor": flavor}, getattr(torch, amp) if amp else torch.float32, device,
-                            autocast=amp is not None)
+                            autocast=amp is not None, notes=notes)
+                        if gate[(name, flavor, dtype)]:
+                            announce_refusal(f"{name}/{flavor} {dtype}", gate[(name, flavor, dtype)])
                     if gate[(name, flavor, dtype)]:
                         why = gate[(name, flavor, dtype)]
                         rows += [{**base, "mode": m, "compiled": False, "status": gate_status(why),
@@ -274,6 +278,8 @@ def _run(names, shapes, device, dtypes, modes, compile, flavors, causal, timing,
                         continue
                     spec = _case_spec(name, flavor, shape, causal, DTYPES[dtype])
                     specs[(name, flavor, dtype, *shape)] = spec
+                    if gate_notes.get((name, flavor, dtype)):  # how the gate compared, said in the row
+                        base["gate_note"] = "correctness gate: " + "; ".join(gate_notes[(name, flavor, dtype)])
                     cases[(name, flavor, dtype)] = (base, spec)
         rows += _time_shape(cases, device, modes, compile, timing)
     return rows, specs

@@ -143,6 +143,21 @@ def run_facts(df: pd.DataFrame) -> str:
     return "; ".join(facts)
 
 
+DIVERGED = "nan"  # the status a training loop writes for a non-finite loss or gradient norm (docs/conventions.md)
+
+
+def diverged_units(rows: pd.DataFrame, pair_on: tuple[str, ...]) -> tuple[int, int]:
+    """(units of an arm, units in which it diverged) over the arm's rows of a metric, of every status: a unit
+    (a seed) diverged when one of its rows has the status ``nan`` (its training stopped on a non-finite loss) or an
+    infinite value. Such a seed is a failure of the arm, not a missing measurement (docs/claims.md §5)."""
+    if rows.empty or any(k not in rows for k in pair_on):
+        return 0, 0
+    status = rows["status"].fillna("ok").astype(str) if "status" in rows else pd.Series("ok", index=rows.index)
+    value = pd.to_numeric(rows["value"], errors="coerce") if "value" in rows else pd.Series(np.nan, index=rows.index)
+    bad = rows[(status == DIVERGED) | np.isinf(value.astype(float))]
+    return rows.groupby(list(pair_on)).ngroups, (bad.groupby(list(pair_on)).ngroups if not bad.empty else 0)
+
+
 def metric_inputs(metric: str) -> tuple[str, ...]:
     """The stored metrics ``metric`` is computed from (itself, or a ``DERIVED`` metric's two)."""
     return DERIVED.get(metric, (metric,))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from ..report import interval_heading, interval_kind  # noqa: F401 - re-exported: the tables' name for them
+from .data import DIVERGED
 from .stats import paired_test
 
 
@@ -15,11 +17,19 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
                 "flavor"), pair_on: tuple[str, ...] = ("seed",), relative: bool = True) -> pd.DataFrame:
     """Long frame: one row per arm (not the reference) × combination of ``columns`` (e.g. dataset, metric) with the
     mean seed-paired difference arm − reference (in % of |reference| when ``relative``), its 95 % interval
-    (Student-t for n ≥ 5; below, the range of the seeds: ``stats.paired_test``) and n. ``df``: rows with ``value``
-    (ok ones)."""
+    (Student-t for n ≥ 5; below, the range of the seeds: ``stats.paired_test``) and n. ``df``: rows with ``value``;
+    the ok ones are compared, and ``diverged`` counts the seeds of the arm or the reference whose rows there say
+    they diverged (status ``nan`` or an infinite value; docs/claims.md §5), which the table then names."""
     if df.empty:
         return pd.DataFrame()
     ok = df[df["status"].fillna("ok") == "ok"] if "status" in df else df
+    status = df["status"].fillna("ok").astype(str) if "status" in df else pd.Series("ok", index=df.index)
+    gone = df[(status == DIVERGED) | np.isinf(pd.to_numeric(df["value"], errors="coerce").astype(float))].copy()
+    if len(gone):  # the diverged rows, with their arm and whether they are the reference's
+        gone["_ref"] = True
+        for k, v in reference.items():
+            gone["_ref"] &= gone[k].astype(str) == str(v)
+        gone["arm"] = gone[[c for c in arm_cols if c in gone]].astype(str).agg("/".join, axis=1)
     ref_mask = pd.Series(True, index=ok.index)
     for k, v in reference.items():
         ref_mask &= ok[k].astype(str) == str(v)
@@ -38,8 +48,12 @@ def delta_frame(df: pd.DataFrame, columns: list[str], reference: dict, arm_cols:
         if relative:
             d = 100.0 * d / ref[both].abs()
         t = paired_test(d.to_numpy(float))
+        here = gone[(gone["arm"] == arm) | gone["_ref"]] if len(gone) else gone
+        for c, k in zip(columns, keys):
+            here = here[here[c].astype(str) == str(k)] if len(here) else here
         rows.append({"arm": arm, **dict(zip(columns, keys)), "mean": t.mean, "low": t.low, "high": t.high, "n": t.n,
-                     "method": t.method})
+                     "method": t.method,
+                     "diverged": int(len(here.drop_duplicates(list(pair_on)))) if len(here) else 0})
     return pd.DataFrame(rows)
 
 
@@ -55,7 +69,8 @@ def delta_table(deltas: pd.DataFrame, columns: list[str], better: dict | None = 
         arrow = {"lower": " ↓", "higher": " ↑"}.get((better or {}).get(keys[-1], ""), "")
         ci = "" if not math.isfinite(r["low"]) else f" [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}]"
         ci = f" (range of the seeds{ci})" if r.get("method") == "range" and ci else ci
-        out.setdefault(r["arm"], {})[": ".join(keys) + arrow] = f"{r['mean']:+.{digits}f}{ci} (n={int(r['n'])})"
+        lost = f"; {int(r['diverged'])} diverged" if r.get("diverged", 0) else ""  # seeds lost to divergence
+        out.setdefault(r["arm"], {})[": ".join(keys) + arrow] = f"{r['mean']:+.{digits}f}{ci} (n={int(r['n'])}{lost})"
     return pd.DataFrame([{"arm": a, **v} for a, v in out.items()]).fillna("–")
 
 

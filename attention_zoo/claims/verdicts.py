@@ -12,7 +12,8 @@ For each claim at each preset with rows:
    p < α and e's interval lies above 0; **contradicted** when it lies below 0, or — where the rows are the paper's
    own task and the paper quotes an effect — when the whole interval lies short of the paper's effect;
    **explained by a control** when supported but matched by a control (``controls``); **not decidable** when a
-   seed of either arm did not learn, or with fewer than 5 seeds; **inconclusive (MDE …)** otherwise;
+   seed of either arm diverged (``data.diverged_units``: "not decidable: k of n seeds of <arm> diverged") or did
+   not learn, or with fewer than 5 seeds; **inconclusive (MDE …)** otherwise;
 5. a claim's comparisons combine: contradicted if any is; else not decidable if any is; else inconclusive if any
    is; else explained by a control if any is; else supported.
 """
@@ -28,7 +29,7 @@ import pandas as pd
 from . import stats
 from .analytic import ANALYTIC
 from .controls import ControlResult, check_controls, control_text, interval_text
-from .data import StoreRows, matches, metric_inputs, metric_rows, run_facts
+from .data import StoreRows, diverged_units, matches, metric_inputs, metric_rows, run_facts
 from .effects import arms_rows, budget_curve, cell_costs, comparison_effects, unit_of
 from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
@@ -54,6 +55,7 @@ class Result:
     verdict: str = "not run"
     why: str = ""  # the direction of a contradiction, the reason a comparison is not decidable
     gate: str = ""  # non-empty: an arm did not learn
+    diverged: str = ""  # non-empty: seeds of an arm diverged ("2 of 10 seeds of damcha diverged")
     controls: list[ControlResult] = field(default_factory=list)
     budget: list[tuple[float, float, int]] = field(default_factory=list)
     costs: dict = field(default_factory=dict)
@@ -95,6 +97,9 @@ class Verdict:
 # ---- one comparison --------------------------------------------------------------------------------------------
 def comparison_verdict(res: Result, paper_task: bool) -> str:
     t = res.test
+    if res.diverged:  # a diverged seed is a failure of its arm: dropping it would keep the runs that favour the arm
+        res.why = res.diverged
+        return "not decidable"
     if res.gate:
         res.why = f"stand-in not learned: {res.gate}"
         return "not decidable"
@@ -130,7 +135,7 @@ def contradiction_words(res: Result) -> str:
 
 def noninferior_verdict(res: Result, margin: float) -> str:
     """One-sided: supported when e's lower bound (at the comparison's level) exceeds −margin with p < α."""
-    if res.gate or not res.test.decidable:
+    if res.diverged or res.gate or not res.test.decidable:
         return comparison_verdict(res, False)
     e = res.direction * res.effects
     one = stats.paired_test(e + margin, 1 - 2 * res.level)
@@ -165,6 +170,8 @@ def combine(results: list[Result]) -> str:
 def describe(res: Result) -> str:
     """"name: mean [interval at the comparison's Holm level] unit (n)"; below 5 seeds the range of the seeds."""
     t = res.test
+    if res.diverged:
+        return f"{res.name}: no effect reported ({res.diverged})"
     if res.gate:
         return f"{res.name}: no effect reported (stand-in not learned)"
     if t.n == 0:
@@ -220,6 +227,10 @@ def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
                 if bad:
                     failed.append(f"{arm.label} ({bad} of {units} seeds: {reason})")
         res.gate = "; ".join(failed)
+        res.diverged = "; ".join(
+            f"{bad} of {units} seeds of {arm.label} diverged" for arm in (comp.treatment, comp.reference)
+            if arm is not None for units, bad in [diverged_units(arms_rows(of_metric, comp, (arm,)), claim.pair_on)]
+            if bad)
         res.budget = budget_curve(frame, claim, comp, metric)
         out.append(res)
     return out

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from ..checks import InputSetupError, MissingInputError
-from ..io import apply_umask
+from ..io import apply_umask, is_read_only
 
 
 class DatasetNotFoundError(MissingInputError):
@@ -22,6 +22,22 @@ class DatasetNotFoundError(MissingInputError):
 class DatasetError(InputSetupError):
     """A failed download, a checksum mismatch, or an unreadable archive/file (a CLI prints it as one ``error:``
     line; the loaders' messages name the data set and say what to do)."""
+
+
+class DataNotReady(DatasetNotFoundError):
+    """A dry run (``io.read_only``) reached data that a real run would first download or extract: nothing is
+    fetched or written, and the dry run's plan names the data set and what the run would do (``dryrun``)."""
+
+    def __init__(self, name: str, action: str):
+        super().__init__(f"{name}: not on disk; a run would {action}")
+        self.name, self.action = name, action
+
+
+def refuse_in_dry_run(name: str, action: str) -> None:
+    """Raise ``DataNotReady(name, action)`` in a dry run; ``action`` says what a real run would do (download,
+    extract), which a dry run never does."""
+    if is_read_only():
+        raise DataNotReady(name, action)
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
@@ -49,8 +65,10 @@ def download(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha25
 
     Raises:
         DatasetError: the download failed or a checksum differs (``dest`` is left as it was).
+        DataNotReady: in a dry run (``io.read_only``): nothing is created or fetched.
     """
     dest = Path(dest)
+    refuse_in_dry_run(dest.name, f"download {url} into {dest.parent}/")  # a dry run creates no folder either
     dest.parent.mkdir(parents=True, exist_ok=True)
     expected = {name: want for name, want in (("md5", md5), ("sha256", sha256)) if want is not None}
     hashes = {name: hashlib.new(name) for name in expected}

@@ -165,12 +165,14 @@ def cifar_folder(name: str, data_dir: str | os.PathLike | None = None, download:
         if not download:
             raise DatasetNotFoundError(f"{name}: neither {root / spec.folder} nor {archive} exists; {by_hand}, or "
                                        "allow the download")
+        fetch.refuse_in_dry_run(name, f"download {url} into {root}/ and extract it")
         try:
             fetch.download(url, archive, md5=md5)
         except DatasetError as exc:  # e.g. no network: say what to do, as without the download
             raise DatasetError(f"{name}: {exc}; to get it by hand: {by_hand}") from exc
     elif (got := md5_file(archive)) != md5:
         raise DatasetError(f"{archive}: MD5 mismatch (expected {md5}, got {got}); delete it and download {url} again")
+    fetch.refuse_in_dry_run(name, f"extract {archive} into {root / spec.folder}")
     return _extract(archive, root, spec.folder, url)
 
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .fetch import DatasetError, DatasetNotFoundError
+from .fetch import DatasetError, DatasetNotFoundError, refuse_in_dry_run
 from .sampling import IndexSampler
 from .text import DATA_ENV, resolve_data_dir
 from .tokenizers import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401 - re-exported
@@ -169,6 +169,7 @@ def _load_hf(name: str, max_train: int | None) -> dict:
     except ImportError as exc:
         raise DatasetNotFoundError(f"{name}: needs the `datasets` package (pip install attention_zoo[paper]) or "
                                    f"local files <data_dir>/{name}/{{train,val,test}}.{{tsv,jsonl}}") from exc
+    refuse_in_dry_run(name, f"load {path} ({config}) through `datasets` (from its cache, or downloading it)")
     out = {}
     for split, hub in hub_splits.items():
         spec = f"{hub}[:{max_train}]" if split == "train" and max_train else hub

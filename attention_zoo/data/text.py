@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..io import atomic_write_bytes
-from .fetch import DatasetError, DatasetNotFoundError, download, sha256_file
+from .fetch import DatasetError, DatasetNotFoundError, download, refuse_in_dry_run, sha256_file
 
 DATA_ENV = "ATTENTION_ZOO_DATA"
 DATASETS = ("shakespeare", "enwik8", "text8", "mix")
@@ -106,6 +106,7 @@ def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, 
         if not download_ok:
             raise DatasetNotFoundError(f"{spec.name}: neither {raw} nor {archive} exists; {how}, or allow the "
                                       "download")
+        refuse_in_dry_run(spec.name, f"download {spec.url} into {root}/")
         try:
             download(spec.url, archive, sha256=spec.archive_sha256)
         except DatasetError as exc:
@@ -125,6 +126,7 @@ def fetch_corpus(spec: RemoteCorpus, data_dir: str | os.PathLike | None = None, 
         raise DatasetError(f"{archive}: member {spec.member!r} has {len(data)} bytes, expected {spec.n_bytes}")
     _check(f"{archive}:{spec.member}", hashlib.sha256(data).hexdigest(), spec.member_sha256,
            f"delete {archive} and download {spec.url} again")
+    refuse_in_dry_run(spec.name, f"extract {spec.member} of {archive} into {raw}")
     return atomic_write_bytes(raw, data)
 
 

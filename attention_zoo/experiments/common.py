@@ -4,7 +4,8 @@ One set of flags (``base_parser``): ``--device``, ``--preset``, ``--out``, ``--s
 (default ``paper`` everywhere), ``--threads``, ``--quiet``, ``--include``, ``--fresh``, ``--dry-run`` and the
 launcher's; a script adds its own with the same spellings (``--steps``, ``--datasets``, ``--data-dir``,
 ``--no-download``). Every list flag takes its items space- or comma-separated (``ListAction``); old spellings
-still parse for one release and print a one-line deprecation note (``ExperimentParser.rename``)."""
+still parse for one release and print a one-line deprecation note (``ExperimentParser.rename``). The launcher's
+settings are checked while parsing (``launchers.check_launcher``), so a dry run refuses what a run refuses."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class ExperimentParser(argparse.ArgumentParser):
         ns, rest = super().parse_known_args(argv, namespace)
         if self.preset_seeds and getattr(ns, "seeds", 0) is None:
             ns.seeds = list(self.preset_seeds.get(ns.preset, self.preset_seeds["*"]))
+        if hasattr(ns, "launcher"):  # the launcher's settings, checked as a launch would, before any work or plan
+            from .launchers import check_launcher
+
+            check_launcher(ns, self.prog)
         return ns, rest
 
 

@@ -8,7 +8,11 @@ an estimate of the cost: per pending cell, the median training time of finished 
 cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the steps
 (as measured where the cells record no steps: the synthetic sweeps), else the analytic step floor of
 docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
-paper preset about to train on a CPU gets a warning."""
+paper preset about to train on a CPU gets a warning.
+
+A dry run checks every argument as the run does (the launcher's settings while parsing, a whole-run script's own
+checks through ``run_whole(..., check)``), and downloads, extracts and writes nothing: data that is not on disk ends
+the plan with a line naming it and what a run would do (``show_missing_data``, exit 0)."""
 
 from __future__ import annotations
 
@@ -18,12 +22,26 @@ import os
 import statistics
 from pathlib import Path
 
+from ..data.fetch import DatasetNotFoundError
 from ..envinfo import resolve_device
 from ..io import read_jsonl
 
 TIMINGS = ("train_cpu_s", "train_time_s")  # CPU seconds where a row has them, else wall seconds
 STEP_FLOOR_S = {"synthetic": 0.005, "*": 0.015}  # docs/paper_scale.md: assumed seconds per optimizer step (GPU)
 SHOWN = 40  # cells listed per section; the rest are counted
+
+
+def show_missing_data(name: str, exc: DatasetNotFoundError) -> int:
+    """The plan of a dry run that reached data not on disk (``data.fetch.DataNotReady``: a run would download or
+    extract it; or a ``DatasetNotFoundError`` under ``--no-download``: a run would stop there). Every argument was
+    checked before; the cells are not listed, since their number and steps depend on the data."""
+    what = getattr(exc, "action", None)
+    lines = [f"{name}: dry run: the data is not on disk, so the plan stops there (nothing downloaded or written)",
+             f"data missing: {' '.join(str(exc).split())}",
+             "a run " + ("would do that first, then train" if what else "would stop there with that error")
+             + "; once the data is there, --dry-run lists the cells and their cost"]
+    print("\n".join(lines))
+    return 0
 
 
 def _seconds(rec: dict) -> float | None:

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from ..cli import cli_main
+from ..data.fetch import DatasetNotFoundError
 from ..io import read_only
+from .dryrun import show_missing_data
 
 
 def experiment_main(main):
@@ -22,7 +24,10 @@ def experiment_main(main):
         argv = sys.argv[1:] if argv is None else list(argv)
         if any(len(a) > 4 and "--dry-run".startswith(a) for a in argv):  # argparse takes abbreviations
             with read_only():
-                return main(argv)
+                try:
+                    return main(argv)
+                except DatasetNotFoundError as exc:  # data not on disk: part of the plan, not an error
+                    return show_missing_data(main.__module__.rsplit(".", 1)[-1], exc)
         from .fingerprint_records import record_new_runs, run_ids
 
         out = _out_dir(main, argv)

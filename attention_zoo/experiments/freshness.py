@@ -114,12 +114,27 @@ def _git(root: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def read_env_record(path: Path) -> tuple[dict | None, str]:
+    """(the environment record at ``path``, "") or (None, why it cannot be read: not JSON, not a JSON object)."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, f"not readable as JSON ({type(exc).__name__})"
+    if not isinstance(rec, dict):
+        return None, f"not a JSON object (a {type(rec).__name__})"
+    return rec, ""
+
+
 def sittings(folder: Path) -> list[dict]:
-    """The sittings behind a results folder: its ``.env.json`` records and the earlier runs each lists."""
+    """The sittings behind a results folder: its ``.env.json`` records and the earlier runs each lists (records
+    that cannot be read, and listed runs that are not objects, are left out: ``read_env_record``)."""
     out = []
     for env_file in sorted(folder.glob("*.env.json")):
-        env = json.loads(env_file.read_text())
-        out += [env] + list(env.get("runs") or [])
+        env, _ = read_env_record(env_file)
+        if env is None:
+            continue
+        runs = env.get("runs")
+        out += [env] + [r for r in (runs if isinstance(runs, list) else []) if isinstance(r, dict)]
     return sorted(out, key=lambda s: str(s.get("time_utc")))
 
 
@@ -275,4 +290,4 @@ def freshness_line(folder: Path, run_record: dict, script: str, modules: tuple[s
 
 
 __all__ = ["code_digest", "code_files", "driver_entry", "freshness_line", "later_changes", "normalized",
-           "probes_to_run", "section_commits", "sittings"]
+           "probes_to_run", "read_env_record", "section_commits", "sittings"]

@@ -22,7 +22,8 @@ import shutil
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -109,9 +110,50 @@ def _stop_pool(pool: ProcessPoolExecutor, futures) -> None:
                 pass
 
 
+def _death(processes) -> str:
+    """Why a pool broke, from the exit codes of its worker processes: the one killed by a signal (SIGKILL: killed,
+    or the kernel's out-of-memory killer) or exited with an error; the SIGTERM the pool then sends the others
+    counts last."""
+    codes = [(p.pid, p.exitcode) for p in processes if p.exitcode not in (None, 0)]
+    codes.sort(key=lambda pc: (pc[1] == -signal.SIGTERM, pc[1] > 0))
+    if not codes:
+        return "a worker process died abruptly"
+    pid, code = codes[0]
+    if code > 0:
+        return f"worker process {pid} exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " (killed, e.g. by the out-of-memory killer)" if name == "SIGKILL" else ""
+    return f"worker process {pid} died of {name}{hint}"
+
+
+def _fill(pool: ProcessPoolExecutor, work: list, live: dict, plan) -> bool:
+    """Submit units from the front of ``work`` until ``plan.workers`` are in flight in ``live``; a unit marked
+    alone runs with nothing beside it. True when the pool turned out broken (a worker died between units)."""
+    while work and len(live) < plan.workers:
+        unit, alone = work[0]
+        if live and (alone or any(a for _, a in live.values())):
+            return False
+        try:
+            fut = pool.submit(_worker_call, plan.work, unit)
+        except BrokenProcessPool:
+            return True
+        work.pop(0)
+        live[fut] = (unit, alone)
+    return False
+
+
 class LocalLauncher:
     """In this process, or ``plan.workers`` forked processes (spawned on CUDA) that die with the driver. An
-    interrupted unit (a Ctrl-C) ends the run: no further unit starts; the finished ones are stored by the driver."""
+    interrupted unit (a Ctrl-C) ends the run: no further unit starts; the finished ones are stored by the driver.
+
+    A worker that dies (killed, out of memory) breaks the pool: at most ``plan.workers`` units are in flight, so the
+    units it may have been running are known. A unit that was alone in flight is the one that died: it comes back
+    failed, with the reason (``_death``), and its cells are released. Several in flight: each is rerun by itself in
+    a fresh pool, which pins the one that dies again; the others, and every unit not started yet, run and are
+    stored as usual."""
 
     def run(self, units: list[list[dict]], plan):
         if plan.workers <= 1 or len(units) <= 1:
@@ -124,22 +166,53 @@ class LocalLauncher:
                     return
             return
         method = "fork" if sys.platform == "linux" else "spawn"
-        with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
-                                 initargs=(os.getpid(), plan.worker_init, method == "fork")) as pool:
-            futures = [pool.submit(_worker_call, plan.work, u) for u in units]
-            finished = False
-            try:
-                for fut in as_completed(futures):
-                    if fut.cancelled():  # dropped after an interrupt: its cells are released by the driver
-                        continue
-                    out = fut.result()
-                    if out[2] == "interrupted":
-                        _stop_pool(pool, futures)
-                    yield out
-                finished = True
-            finally:  # on Ctrl-C the finished units are stored; running ones checkpoint, queued ones are dropped
-                if not finished:
-                    _stop_pool(pool, futures)
+        work = [(u, False) for u in units]  # (unit, alone): a suspect of a broken pool runs with nothing beside it
+        stopped = False
+        while work and not stopped:
+            with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
+                                     initargs=(os.getpid(), plan.worker_init, method == "fork")) as pool:
+                live: dict = {}  # future -> (unit, alone); at most plan.workers, so a break names its suspects
+                procs, broken = [], False
+                suspects, ran, finished = [], False, False
+                try:
+                    broken = _fill(pool, work, live, plan)
+                    procs = list((getattr(pool, "_processes", None) or {}).values()) or procs
+                    while live:
+                        done, _ = wait(live, return_when=FIRST_COMPLETED)
+                        ready = []
+                        for fut in done:
+                            unit, alone = live.pop(fut)
+                            if fut.cancelled():  # dropped after an interrupt: its cells are released by the driver
+                                continue
+                            try:
+                                out = fut.result()
+                            except BrokenProcessPool:
+                                broken = True
+                                suspects.append((unit, alone))
+                                continue
+                            ran = True
+                            if out[2] == "interrupted" and not stopped:
+                                stopped = True
+                                _stop_pool(pool, list(live))
+                            ready.append(out)
+                        if not (broken or stopped):  # the next units start before these are stored
+                            broken = _fill(pool, work, live, plan)
+                            procs = list((getattr(pool, "_processes", None) or {}).values()) or procs
+                        yield from ready
+                    finished = True
+                finally:  # on Ctrl-C the finished units are stored; running ones checkpoint, queued ones are dropped
+                    if not finished:
+                        _stop_pool(pool, list(live))
+            why = _death(procs)  # after the pool's shutdown: every worker's exit code is known
+            if len(suspects) == 1 or any(alone for _, alone in suspects):  # this unit's worker died
+                for unit, _ in suspects:
+                    yield unit, None, f"{why}; its cells are left for a rerun"
+            elif suspects:  # one of these died: each runs alone next, before the units not started yet
+                work = [(unit, True) for unit, _ in suspects] + work
+            elif broken and not ran:  # a fresh pool that breaks before any unit runs: it would again
+                for unit, _ in work:
+                    yield unit, None, f"{why} before running a unit; its cells are left for a rerun"
+                return
 
 
 # ---- submitit -------------------------------------------------------------------------------------------------------
@@ -342,9 +415,35 @@ class WholeRunJob:
         atomic_write_text(self.path, json.dumps({"exit_code": int(code)}))
 
 
-def run_whole(args, name: str, fn) -> int:
+def check_launcher(args, name: str = "run") -> None:
+    """The launcher settings of ``args`` checked as a launch checks them, creating and submitting nothing: with
+    ``--launcher submitit`` everything ``SubmititLauncher`` refuses; with ``local`` a given ``--slurm-extra`` is
+    still checked (where submitit is installed), since a bad key is bad input whatever runs it. The experiments'
+    parser calls it, so a real run and a dry run refuse the same settings before any work.
+
+    Raises:
+        ValueError: the first bad setting, the message naming its flag.
+    """
+    if getattr(args, "launcher", "local") == "submitit":
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise ValueError("launcher: submitit is not installed (pip install attention_zoo[cluster])") from None
+        _parameters(args, name)
+    elif getattr(args, "slurm_extra", None):
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            return
+        _extra(args.slurm_extra)
+
+
+def run_whole(args, name: str, fn, check=None) -> int:
     """``fn(args)`` here (``--launcher local``) or as one submitit job, waiting for it (``--launcher submitit``);
-    with ``--dry-run``, the plan instead."""
+    with ``--dry-run``, the plan instead. ``check(args)``: the script's own argument checks (the ones ``fn`` makes
+    before any work), run first in either case, so a dry run refuses what the run would refuse."""
+    if check is not None:
+        check(args)
     if getattr(args, "dry_run", False):
         from .dryrun import show_whole
 

@@ -16,7 +16,7 @@ from ..claims import verdict_frame, verdict_markdown, verdicts_for
 from ..io import atomic_write_csv, atomic_write_text, read_jsonl
 from ..registry import get_attention_spec, list_attentions
 from .fingerprint_records import compute_pending
-from .freshness import driver_entry, freshness_line, probes_to_run, sittings
+from .freshness import driver_entry, freshness_line, probes_to_run, read_env_record, sittings
 from .protocol import EXPERIMENTS
 from .results_index_notes import DISCREPANCIES, ROWSUM, baseline_flavours, paper_blocks, rowsum_numbers
 
@@ -204,7 +204,7 @@ def _resumed_stores(results: Path) -> list[str]:
         envs, owner, contexts = {}, {}, {}
         for rec in read_jsonl(path):
             if rec.get("kind") == "run":
-                envs[rec.get("run_id")] = rec.get("env") or {}
+                envs[rec.get("run_id")] = rec.get("env") if isinstance(rec.get("env"), dict) else {}
             elif "cell_id" in rec:
                 owner[rec["cell_id"]] = rec.get("run_id")  # the newest record of a cell counts, as in the store
                 contexts[rec["cell_id"]] = rec.get("context_id")
@@ -252,6 +252,10 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
         out.append(f"Script `{sec.script}`: made outside `all.py`, in sittings: {_sittings_text(runs)}.")
     else:
         out.append(f"Script `{sec.script}`: not in the run record (`run_all.json`).")
+    for env_file in sorted(folder.glob("*.env.json")):
+        if (why := read_env_record(env_file)[1]):
+            out.append(f"**Unreadable environment record:** `{sec.script}/{env_file.name}` is {why}; the run it "
+                       "describes is not counted above (its commit and times are unknown).")
     out.append("")
     if md is not None:
         files = [md] + sorted(folder.glob("*_long.csv")) + sorted(folder.glob("*_wide.csv")) + \
@@ -352,9 +356,9 @@ def build_index(results: str | Path, preset: str | None = None, probes: bool = T
         out.append(f"| {name} | {', '.join(get_attention_spec(name).flavors)} | {ran} |")
     out += ["", "## Environment records", ""]
     for env in sorted(results.rglob("*.env.json")):
-        try:
-            rec = json.loads(env.read_text())
-        except json.JSONDecodeError:
+        rec, why = read_env_record(env)
+        if rec is None:
+            out.append(f"- `{env.relative_to(results)}`: unreadable ({why})")
             continue
         dirty = " (dirty)" if rec.get("git_dirty") else ""
         out.append(f"- `{env.relative_to(results)}`: {rec.get('device_name')} ({rec.get('device')}), torch "

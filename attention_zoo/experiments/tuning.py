@@ -11,6 +11,10 @@ score it and the n ≥ 10 seeds of the final runs. The store contract (the claim
 - ``"shared"`` (optional): every arm at the one setting the preset used before tuning existed, so a reader sees
   whether tuning changed the answer.
 
+An arm's choice reads the score of each tuning seed by its seed: a grid point is scored only once every tuning seed
+has its cell (a cell of another seed never stands in), and a ``tune`` cell without its ``lr``, ``weight_decay`` or
+``seed`` is refused with a ValueError.
+
 The final cells of an arm exist only once all its tuning cells are stored, so a run goes in stages
 (``execute_stages``: plan, run, plan again until nothing new appears); a rerun computes only what is missing.
 Presets that do not tune never carry ``phase``, so their stores keep their keys.
@@ -94,14 +98,27 @@ class Choice:
     edge: tuple[str, ...]
 
 
-def choose(tuning: Tuning, scores: dict[tuple[float, float], list[float]]) -> Choice | None:
-    """The grid point with the lowest mean validation score over the tuning seeds; None until every grid point
-    has a score from every tuning seed. A grid point whose seeds diverged (non-finite) is never chosen; if all
-    diverged the arm has no choice."""
+def _seed_scores(tuning: Tuning, by_seed) -> list[float] | None:
+    """The scores of one grid point from exactly the tuning seeds (``{seed: score}``), None while one is missing:
+    a score from any other seed (an earlier grid's, a duplicate) never stands in for a missing tuning seed. A plain
+    list (no seeds known) counts as complete when it has a score per tuning seed."""
+    if isinstance(by_seed, dict):
+        if any(s not in by_seed for s in tuning.tune_seeds):
+            return None
+        return [by_seed[s] for s in tuning.tune_seeds]
+    vals = list(by_seed or ())
+    return vals if len(vals) >= len(tuning.tune_seeds) else None
+
+
+def choose(tuning: Tuning, scores: dict[tuple[float, float], dict[int, float]]) -> Choice | None:
+    """The grid point with the lowest mean validation score over the tuning seeds (``scores``: per grid point,
+    ``{seed: score}`` as ``tune_scores`` gives them); None until every grid point has a score from every tuning
+    seed. A grid point whose seeds diverged (non-finite) is never chosen; if all diverged the arm has no choice."""
     grid = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
-    if any(len(scores.get(p, ())) < len(tuning.tune_seeds) for p in grid):
+    got = {p: _seed_scores(tuning, scores.get(p)) for p in grid}
+    if any(v is None for v in got.values()):
         return None
-    means = {p: statistics.fmean(scores[p]) if all(math.isfinite(v) for v in scores[p]) else math.inf for p in grid}
+    means = {p: statistics.fmean(got[p]) if all(math.isfinite(v) for v in got[p]) else math.inf for p in grid}
     best = min(grid, key=lambda p: (means[p], grid.index(p)))  # ties: the first on the grid (declared order)
     if not math.isfinite(means[best]):
         return None
@@ -111,17 +128,30 @@ def choose(tuning: Tuning, scores: dict[tuple[float, float], list[float]]) -> Ch
     return Choice({"lr": best[0], "weight_decay": best[1]}, means[best], means, edge)
 
 
-def tune_scores(records: list[dict], metric: str) -> dict[str, dict[tuple[float, float], list[float]]]:
-    """Per arm, per grid point, the stored validation scores of the ``tune`` cells (store records)."""
+def tune_scores(records: list[dict], metric: str) -> dict[str, dict[tuple[float, float], dict[int, float]]]:
+    """Per arm, per grid point, the stored validation score of each tuning seed (``{seed: score}``) of the
+    ``tune`` cells (store records).
+
+    Raises:
+        ValueError: a record that is not a store record, or a ``tune`` cell without its setting (``lr``,
+            ``weight_decay``) or seed (the message starts with ``records`` and shows the cell).
+    """
     out: dict[str, dict] = {}
     for rec in records:
-        cell = rec["cell"]
+        cell = rec.get("cell") if isinstance(rec, dict) else None
+        if not isinstance(cell, dict) or not isinstance(rec.get("rows"), list):
+            raise ValueError(f"records: expected store records with a cell and its rows, got {rec!r:.200}")
         if cell.get("phase") != "tune":
             continue
-        vals = [r["value"] for r in rec["rows"] if r.get("metric") == metric and r.get("status", "ok") == "ok"
+        missing = [k for k in (*HPARAMS, "seed") if cell.get(k) is None]
+        if missing:
+            raise ValueError(f"records: a tuning cell without its {' and '.join(missing)} cannot score a grid point: "
+                             f"{json.dumps(cell, sort_keys=True, default=str)[:300]}")
+        vals = [r.get("value") for r in rec["rows"] if isinstance(r, dict) and r.get("metric") == metric
+                and r.get("status", "ok") == "ok"
                 and r.get("eval_set", cell.get("dataset")) == cell.get("dataset")]  # a mix's own figure
         value = float(vals[0]) if vals and isinstance(vals[0], (int, float)) else math.nan
-        out.setdefault(arm_id(cell), {}).setdefault((cell["lr"], cell["weight_decay"]), []).append(value)
+        out.setdefault(arm_id(cell), {}).setdefault((cell["lr"], cell["weight_decay"]), {})[cell["seed"]] = value
     return out
 
 
@@ -182,7 +212,8 @@ def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], st
              "better)", "", f"| arm | {head} | chosen | on the edge |", "|" + "---|" * (len(grid) + 3)]
     for aid, cell in sorted(arms.items(), key=lambda kv: label(kv[1])):
         by = scores.get(aid, {})
-        means = [statistics.fmean(by[p]) if by.get(p) else math.nan for p in grid]
+        own = {p: [v for seed, v in by[p].items() if seed in tuning.tune_seeds] for p in grid if p in by}
+        means = [statistics.fmean(own[p]) if own.get(p) else math.nan for p in grid]
         choice = choose(tuning, by)
         chosen = (f"lr {choice.setting['lr']:g}, wd {choice.setting['weight_decay']:g}" if choice
                   else "not yet (tuning unfinished or diverged)")

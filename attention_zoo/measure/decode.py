@@ -8,13 +8,17 @@ runs over the whole prefix: exact for every causal variant), so a step costs O(L
 how much. Memory: the peak RSS increment over the built model (CPU; contexts run in increasing order, so the peak
 at L is the largest so far) or ``max_memory_allocated`` (CUDA). Every variant runs in its own fresh process. A
 variant that cannot decode with a cache (a stack-shared attention: its context spans the whole sequence) gets a
-``not supported`` row with the reason.
+``not supported`` row with the reason. Sizes that can never work (``d_model`` not a multiple of the heads, a context
+whose position table and cache alone exceed the device's memory) are refused before any work; a row that fails
+(``error``) makes the command exit 1 after every row is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import numbers
+import os
 import resource
 import subprocess
 import sys
@@ -24,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..cli import HelpFormatter, cli_main, positive_int
+from ..cli import DeviceAction, HelpFormatter, cli_main, positive_int
 from ..envinfo import device_name, resolve_device
 from ..io import atomic_write_csv
 from ..registry import select_attentions
@@ -96,13 +100,64 @@ def _child(p: dict) -> list[dict]:
     return rows
 
 
+def _device_bytes(device: torch.device) -> int | None:
+    """The device's total memory in bytes (None where it cannot be read)."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
+
+
+def check_sizes(contexts, new_tokens: int, d_model: int, layers: int, heads: int, threads: int | None,
+                device: torch.device) -> list[int]:
+    """The sorted contexts, once every size is one that can work: positive ints, ``d_model`` a multiple of
+    ``heads``, and the longest context's lower-bound memory (GPT-2's position table plus the cached attention
+    inputs of every layer, float32) within the device's total memory.
+
+    Raises:
+        ValueError: the first bad size, the message starting with its argument's name.
+    """
+    def whole(arg: str, v, low: int = 1) -> int:
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{arg}: expected an int >= {low}, got {v!r}")
+        return int(v)
+
+    if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
+        raise ValueError(f"contexts: expected a list of context lengths, got {contexts!r}")
+    contexts = sorted({whole("contexts", c) for c in contexts})
+    if not contexts:
+        raise ValueError("contexts: expected at least one context length")
+    new_tokens, d_model, layers, heads = (whole(a, v) for a, v in (("new_tokens", new_tokens), ("d_model", d_model),
+                                                                    ("layers", layers), ("heads", heads)))
+    if threads is not None:
+        whole("threads", threads)
+    if d_model % heads:
+        raise ValueError(f"d_model: {d_model} is not divisible by heads ({heads}); expected a multiple of heads")
+    positions = contexts[-1] + new_tokens
+    need = 4 * d_model * positions * (1 + layers)  # float32 position table + each layer's cached inputs
+    have = _device_bytes(device)
+    if have is not None and need > have:
+        raise ValueError(f"contexts: a context of {contexts[-1]} tokens (+ {new_tokens} new) needs at least "
+                         f"{need / 2**30:.3g} GiB on {device} for the position table and the cache alone, more "
+                         f"than the device's {have / 2**30:.3g} GiB")
+    return contexts
+
+
 def decode_benchmark(variants: str = "*", contexts=CONTEXTS, new_tokens: int = 8, d_model: int = 256,
                      layers: int = 4, heads: int = 8, device: str = "cpu", threads: int | None = None,
                      options: dict | None = None, timeout_s: float = 3600.0) -> pd.DataFrame:
-    """One row per variant × context (module docstring); each variant in a fresh process."""
+    """One row per variant × context (module docstring); each variant in a fresh process.
+
+    Raises:
+        ValueError: an unknown variant or a size that can never work (``check_sizes``), before any work.
+    """
     dev = resolve_device(device)
+    contexts = check_sizes(contexts, new_tokens, d_model, layers, heads, threads, dev)
+    names = select_attentions(variants)
     rows = []
-    for name in select_attentions(variants):
+    for name in names:
         payload = {"variant": name, "contexts": sorted(contexts), "new_tokens": new_tokens, "d_model": d_model,
                    "layers": layers, "heads": heads, "device": str(dev), "options": dict(options or {}),
                    "threads": threads or torch.get_num_threads()}
@@ -134,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d-model", type=positive_int, default=256)
     p.add_argument("--layers", type=positive_int, default=4)
     p.add_argument("--heads", type=positive_int, default=8)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", action=DeviceAction, default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--csv", default=None, help="CSV of the rows")
     args = p.parse_args(argv)
     if args.csv:
         ensure_out_file(args.csv, "csv")
+    select_attentions(args.variants)  # every argument checked before any work
+    check_sizes(args.contexts, args.new_tokens, args.d_model, args.layers, args.heads, args.threads,
+                resolve_device(args.device))
     df = decode_benchmark(args.variants, args.contexts, args.new_tokens, args.d_model, args.layers, args.heads,
                           args.device, args.threads)
     cols = [c for c in ("variant", "context", "status", "prefill_ms", "per_token_ms", "peak_mib", "params", "message")
@@ -148,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.csv:
         atomic_write_csv(df, args.csv)
-    return 0
+    failed = df[df["status"] == "error"]
+    for r in failed.itertuples():
+        print(f"warning: {r.variant}: decode failed ({r.message})", file=sys.stderr)
+    return 1 if len(failed) else 0  # as the benchmark: every row written, a failure in the exit code
 
 
 if __name__ == "__main__":

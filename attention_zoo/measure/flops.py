@@ -20,6 +20,7 @@ Tracing (fvcore) freezes data-dependent control flow such as top-k routing to th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -126,14 +127,32 @@ class FvcoreCount:
     unsupported: dict[str, int]
 
 
+@contextlib.contextmanager
+def counting_mode(model: nn.Module, quiet_logger: str | None = None):
+    """``model`` in eval mode for a count, every module's train/eval flag restored afterwards (a training model
+    stays a training model); ``quiet_logger``: a logger held at ERROR meanwhile, its level restored too."""
+    modes = [(m, m.training) for m in model.modules()]
+    logger = logging.getLogger(quiet_logger) if quiet_logger else None
+    level = logger.level if logger is not None else None
+    try:
+        model.eval()
+        if logger is not None:
+            logger.setLevel(logging.ERROR)
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+        if logger is not None:
+            logger.setLevel(level)
+
+
 def fvcore_count(model: nn.Module, inputs: tuple) -> FvcoreCount:
-    """fvcore MACs of ``model(*inputs)`` (eval mode, no grad) with ``fvcore_handles``."""
+    """fvcore MACs of ``model(*inputs)`` (eval mode, no grad) with ``fvcore_handles``; the model's train/eval
+    modes and the ``fvcore`` logger's level are left as they were."""
     from fvcore.nn import FlopCountAnalysis
 
-    model.eval()
-    with torch.no_grad(), warnings.catch_warnings():
+    with counting_mode(model, "fvcore"), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        logging.getLogger("fvcore").setLevel(logging.ERROR)
         fca = FlopCountAnalysis(model, inputs)
         for op, handle in fvcore_handles().items():
             fca.set_op_handle(op, handle)
@@ -157,14 +176,14 @@ def _grouped_mm_flops(mat_a, mat_b, *args, out_shape=None, **kwargs) -> int:
 
 
 def flop_counter_count(model: nn.Module, inputs: tuple) -> tuple[int, dict[str, int]]:
-    """FlopCounterMode FLOPs (2 per MAC) of ``model(*inputs)`` in eval mode, and the per-op split."""
+    """FlopCounterMode FLOPs (2 per MAC) of ``model(*inputs)`` in eval mode, and the per-op split; the model's
+    train/eval modes are left as they were."""
     from torch.utils.flop_counter import FlopCounterMode
 
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops}
     if hasattr(torch.ops.aten, "_grouped_mm"):
         mapping[torch.ops.aten._grouped_mm] = _grouped_mm_flops
-    model.eval()
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as fc:
+    with counting_mode(model), torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as fc:
         model(*inputs)
     by_op = {str(k): int(v) for k, v in fc.get_flop_counts().get("Global", {}).items()}
     return int(fc.get_total_flops()), by_op

@@ -43,7 +43,7 @@ from ..registry import get_attention_spec, is_attention, parse_option_rows, sele
 from ..results import ensure_out_file
 from .breakdown import breakdown_lines, mha_breakdown
 from .flops import analytic_flops
-from .gate import check_variant, gate_status
+from .gate import announce_refusal, check_variant, gate_status
 from .gemm import gemm_description, interleaved_with_gemm
 from .latency import LOAD_KEYS, step_fn
 from .memory import measure_memory_many, memory_item
@@ -91,19 +91,23 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
     machine-load drift hits every case alike; per case the median and IQR of its rounds (a LatencyResult). The GEMM
     reference is one more case of the same rounds, so a % of the GEMM rate compares times taken alike. Returns
     (rows, GEMM rate in GFLOP/s)."""
-    rows, live, gate = {}, {}, {}
+    rows, live, gate, notes = {}, {}, {}, {}
     for label, spec in todo:
         key = (spec["attention"], repr(sorted(spec["options"].items())), spec["dtype"], spec["amp"])
         if key not in gate:  # correctness before speed: no time is reported for a variant that fails
             gate[key] = check_variant(spec["attention"], spec["options"], DTYPES[spec["amp"] or spec["dtype"]], device,
-                                      autocast=spec["amp"] is not None)
+                                      autocast=spec["amp"] is not None, notes=notes.setdefault(key, []))
+            if gate[key] is not None:
+                opts = f" {spec['options']}" if spec["options"] else ""
+                announce_refusal(f"{spec['attention']}{opts} {spec['amp'] or spec['dtype']}", gate[key])
         if gate[key] is not None:
             rows[label] = {"status": gate_status(gate[key]), "message": f"correctness gate: {gate[key]}"}
             continue
 
         def build(spec=spec):
             wl = build_workload(spec, device)
-            return {"wl": wl, "fn": step_fn(wl, "fwd_bwd"), "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len),
+            return {"wl": wl, "spec": spec, "fn": step_fn(wl, "fwd_bwd"),
+                    "fwd": analytic_flops(wl.model, wl.batch, wl.seq_len),
                     "params": count_params(wl.model), "launch": count_ops(spec), "path": wl.compute_path()}
 
         res = guarded(build, device)
@@ -121,7 +125,10 @@ def run_interleaved(todo: list[tuple[str, dict]], device: torch.device, warmup: 
     for label, lat in results.items():
         fwd = live[label]["fwd"]
         params = live[label]["params"]
-        rows[label] = {"status": "ok", "message": None, "params": params["total_params"],
+        key = (live[label]["spec"]["attention"], repr(sorted(live[label]["spec"]["options"].items())),
+               live[label]["spec"]["dtype"], live[label]["spec"]["amp"])
+        note = "correctness gate: " + "; ".join(notes[key]) if notes.get(key) else None
+        rows[label] = {"status": "ok", "message": note, "params": params["total_params"],
                        "aten_ops_meta": live[label]["launch"]["ops"], "host_syncs_meta": live[label]["launch"]["syncs"],
                        "path": live[label]["path"],
                        "attention_params": params["attention_params"], "fwd_gflop": fwd / 1e9,

@@ -313,6 +313,16 @@ class AttentionBase(nn.Module, abc.ABC):
         traced value's shape. None by default."""
         return {}
 
+    @classmethod
+    def routing(cls, replay: list | None = None):
+        """For a variant whose computation follows data-dependent discrete decisions (``data_dependent_compute``:
+        MoA's top-k routing): a context manager under which every such decision its modules make is recorded in
+        call order (``replay`` None: it yields the list that fills), or taken from ``replay`` (a list a recording
+        filled) instead of being made. A correctness check compares two precisions under the same decisions, so
+        a near tie that rounding flips is not taken for a wrong result. None (the default): no such decisions.
+        Outside the context nothing changes."""
+        return None
+
     # ---- stack sharing (docs/design.md, "Stack sharing"); used when the class sets ``stack_shared = True`` ------
     # The protocol, as a backbone runs it (models/stack.py; adapters do the same):
     #   shared = cls.build_stack_shared(n_layers=N, d_model=D, n_heads=H, causal=c, dropout=p, **options)

@@ -21,6 +21,7 @@ is always causal (it is a decoder); with ``causal=False`` this harness runs the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -365,6 +366,11 @@ class MixtureOfAttentionHeads(AttentionBase):
     def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
         return f"experts: {grouped_path(device, dtype)}" if self.flavor == "paper" else ""
 
+    @classmethod
+    def routing(cls, replay: list | None = None):
+        """Records or replays the top-k routing of every MoA layer (``routing``; ``AttentionBase.routing``)."""
+        return routing(replay)
+
     def compile_fallback(self) -> str | None:
         """``paper``: the top-k dispatch has data-dependent expert group sizes, so the routing breaks the compiled
         graph and the expert GEMMs run per expert between the pieces; measured 1.2-1.4x slower than eager (B=4,
@@ -394,7 +400,41 @@ class MixtureOfAttentionHeads(AttentionBase):
         return f"{super().extra_repr()}, n_experts={self.n_experts}, top_k={self.top_k}, head_dim={self.head_dim}"
 
 
+_ROUTES: dict | None = None  # inside ``routing``: its state (a plain global, so compiled graphs see None as a constant)
+
+
+@contextlib.contextmanager
+def routing(replay: list[Tensor] | None = None):
+    """``AttentionBase.routing`` for MoA: every ``_top_k`` inside records its indices in call order (``replay``
+    None: the yielded list fills), or takes them from ``replay`` (the values are then the scores at those indices,
+    as the sort would have given them for the same choice).
+
+    Raises:
+        ValueError: (on use) a replayed call whose indices do not fit its scores, or more calls than recorded.
+    """
+    global _ROUTES
+    state = {"routes": [] if replay is None else list(replay), "replay": replay is not None, "next": 0}
+    outer, _ROUTES = _ROUTES, state
+    try:
+        yield state["routes"]
+    finally:
+        _ROUTES = outer
+
+
 def _top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k values and indices along the last axis, ties broken towards the lower index (stable sort)."""
+    """Top-k values and indices along the last axis, ties broken towards the lower index (stable sort); inside
+    ``routing`` the indices are recorded or replayed."""
+    state = _ROUTES
+    if state is not None and state["replay"]:
+        if state["next"] >= len(state["routes"]):
+            raise ValueError("routing: more routing decisions than the replayed recording holds")
+        idx = state["routes"][state["next"]].to(scores.device)
+        state["next"] += 1
+        if idx.shape != (*scores.shape[:-1], k):
+            raise ValueError(f"routing: a replayed decision of shape {tuple(idx.shape)} for scores "
+                             f"{tuple(scores.shape)} and k={k}")
+        return scores.gather(-1, idx), idx
     values, idx = scores.sort(dim=-1, descending=True, stable=True)
+    if state is not None:
+        state["routes"].append(idx[..., :k].detach().clone())
     return values[..., :k], idx[..., :k]

@@ -201,7 +201,24 @@ def costs(p: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+SECTIONS = ("gradient_identity", "equivalence", "diag_vs_full", "costs")
+
+
+def check(args) -> list[str]:
+    """The sections of ``--sections``, checked before any work (also by a dry run).
+
+    Raises:
+        ValueError: an unknown section, or none.
+    """
+    chosen = [s.strip() for s in args.sections.split(",")]
+    for name in chosen:
+        if name not in SECTIONS:
+            raise ValueError(f"sections: unknown {name!r}; available: {', '.join(SECTIONS)}")
+    return chosen
+
+
 def run(args) -> dict:
+    check(args)
     ensure_out_dir(args.out)  # before the corpus is loaded
     setup_threads(args.threads)
     device = resolve_device(args.device)
@@ -269,4 +286,4 @@ def build_parser():
 
 @experiment_main
 def main(argv: list[str] | None = None) -> int:
-    return run_whole(build_parser().parse_args(argv), "rowsum_analysis", lambda a: (run(a), 0)[1])
+    return run_whole(build_parser().parse_args(argv), "rowsum_analysis", lambda a: (run(a), 0)[1], check)

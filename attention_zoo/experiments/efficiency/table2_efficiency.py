@@ -207,17 +207,30 @@ def build_parser():
     return add_launcher_arguments(p)
 
 
+def check(args) -> tuple[list[Setting], tuple[str, ...], list]:
+    """(settings, counters, attention rows) of ``args``, every one checked before any work (also by a dry run).
+
+    Raises:
+        ValueError: an unknown setting, counter or variant, or a bad ``--extra`` row (the message names the flag).
+    """
+    plan(args, resolve_device(args.device))  # the timing settings
+    counters = tuple(c for c in args.counters.split(",") if c)
+    unknown = sorted(set(counters) - {"fvcore", "flop_counter"})
+    if unknown:
+        raise ValueError(f"counters: unknown {', '.join(unknown)}; expected fvcore and/or flop_counter")
+    keys = [s.strip() for s in args.settings.split(",") if s.strip()]
+    unknown = sorted(set(keys) - {s.key for s in SETTINGS})
+    if unknown or not keys:
+        raise ValueError(f"settings: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; available: "
+                         f"{', '.join(s.key for s in SETTINGS)}")
+    return [s for s in SETTINGS if s.key in keys], counters, attention_rows(args)
+
+
 def run(args) -> int:
+    settings, counters, rows = check(args)
     device = resolve_device(args.device)
     setup_threads(args.threads)
     cfg = plan(args, device)
-    counters = tuple(c for c in args.counters.split(",") if c)
-    keys = [s.strip() for s in args.settings.split(",") if s.strip()]
-    unknown = sorted(set(keys) - {s.key for s in SETTINGS})
-    if unknown:
-        raise ValueError(f"settings: unknown {', '.join(unknown)}; available: {', '.join(s.key for s in SETTINGS)}")
-    settings = [s for s in SETTINGS if s.key in keys]
-    rows = attention_rows(args)
     env = environment_record(device, preset=args.preset, **{k: v for k, v in cfg.items() if k != "model"},
                              model=cfg["model"], counters=list(counters))
     store = open_store(args, NAME, device, env, selection=("settings", "extra", *RUN_CONTROL), **cfg)
@@ -255,7 +268,7 @@ def run(args) -> int:
 
 @experiment_main
 def main(argv: list[str] | None = None) -> int:
-    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
+    return run_whole(build_parser().parse_args(argv), NAME, run, check)  # one machine: a cluster job runs it whole
 
 
-__all__ = ["SETTINGS", "main", "paper_comparison", "plots", "run", "run_cell", "unstable_marks", "wide_frame"]
+__all__ = ["SETTINGS", "check", "main", "paper_comparison", "plots", "run", "run_cell", "unstable_marks", "wide_frame"]

@@ -192,7 +192,18 @@ def build_parser():
     return add_launcher_arguments(p)
 
 
+def check(args) -> None:
+    """Every argument a run checks before any work (also by a dry run): the timing settings and the variants.
+
+    Raises:
+        ValueError: an unknown variant, a bad ``--extra`` row or timing setting (the message names the flag).
+    """
+    timing_for(args, resolve_device(args.device))
+    attention_rows(args)
+
+
 def run(args) -> int:
+    check(args)
     device = resolve_device(args.device)
     setup_threads(args.threads)
     preset = PRESETS[args.preset]
@@ -292,4 +303,4 @@ def report_notes(comp: pd.DataFrame, params: pd.DataFrame, sweep: dict) -> str:
 
 @experiment_main
 def main(argv: list[str] | None = None) -> int:
-    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
+    return run_whole(build_parser().parse_args(argv), NAME, run, check)  # one machine: a cluster job runs it whole

@@ -132,8 +132,14 @@ def kde_figure(df: pd.DataFrame, dataset: str, path: Path, preset: str = "") -> 
     return out
 
 
+def check(args) -> None:
+    """The arguments a run checks before any work (also by a dry run): an unknown variant is an error, not an empty
+    selection."""
+    select_variants(args.variants)
+
+
 def run(args) -> int:
-    select_variants(args.variants)  # an unknown name is an error, not an empty selection
+    check(args)
     ensure_out_dir(args.out)  # before any work
     datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else None
     samples = load_samples(Path(args.table1_dir), args.preset, args.variants, args.flavour, args.seeds, datasets)
@@ -159,4 +165,4 @@ def run(args) -> int:
 
 @experiment_main
 def main(argv: list[str] | None = None) -> int:
-    return run_whole(build_parser().parse_args(argv), NAME, run)  # one machine: a cluster runs it as one job
+    return run_whole(build_parser().parse_args(argv), NAME, run, check)  # one machine: a cluster job runs it whole
