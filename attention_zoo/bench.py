@@ -28,7 +28,6 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .bench_plot import plot  # noqa: F401  (attention_zoo.bench.plot: part of the API)
 from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_write_csv, atomic_write_json
@@ -39,6 +38,7 @@ from .measure.memory import measure_memory_many, memory_item
 from .measure.params import count_params
 from .measure.status import failure_status, free_memory, short_message
 from .measure.workload import build_workload, private_rng, workload_spec
+from .plots.bench import plot  # noqa: F401  (attention_zoo.bench.plot: part of the API)
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
 from .results import ensure_out_file
