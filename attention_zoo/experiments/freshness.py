@@ -32,6 +32,8 @@ RENDER_ONLY = ("attention_zoo.claims", "attention_zoo.report", "attention_zoo.pl
                "attention_zoo.io", "attention_zoo.cli", "attention_zoo.experiments.results_index",
                "attention_zoo.experiments.freshness", "attention_zoo.experiments.dryrun",
                "attention_zoo.experiments.launchers", "attention_zoo.experiments.run_all",
+               "attention_zoo.experiments.slurm", "attention_zoo.experiments.entry",
+               "attention_zoo.experiments.backfill",
                "attention_zoo.experiments.fingerprint")  # the fingerprints observe the code, they compute nothing
 
 
