@@ -111,3 +111,44 @@ def test_the_count_line_counts_each_set_of_rows_once():
     again = [dataclasses.replace(verdicts[0], same_as=verdicts[1].claim.id)] + verdicts[1:]
     line = count_line(again)
     assert line.startswith(f"{len(verdicts) - 1} claims:") and "(1 more claim re-reads another claim's rows" in line
+
+
+def _lambda_rows(sep_slope: float) -> pd.DataFrame:
+    """λ ∈ {0, 0.5, 1}: DAMCHA 10 % below MHA everywhere; mha_sep's test MSE rises by ``sep_slope`` per unit λ."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for s in range(N):
+        for lam in (0.0, 0.5, 1.0):
+            base = 0.2 + 0.01 * s
+            for v, value in (("mha", base), ("damcha", 0.9 * base * (1 + 0.01 * rng.standard_normal())),
+                             ("mha_sep", base + sep_slope * lam + 0.002 * rng.standard_normal())):
+                rows.append({"task": "regression", "lam": lam, "d_e": 8, "seed": s, "variant": v,
+                             "flavor": "paper", "phase": "tuned", "metric": "test_mse", "value": value,
+                             "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def test_the_lambda_claims_need_a_positive_control_that_responds_to_lambda():
+    claim = _no_quote("I.lambda1")
+    flat = _one(_lambda_rows(0.0), claim=claim)
+    assert flat.verdict.startswith("not decidable: the task does not isolate cross-head interaction"), flat.verdict
+    rising = _one(_lambda_rows(0.05), claim=claim)
+    assert rising.kind == "supported" and "positive control mha_sep" in rising.note and "responds" in rising.note
+
+
+def test_the_separate_towers_control_keeps_the_subspaces_apart_until_the_pooled_head():
+    import torch
+
+    from attention_zoo.experiments.synthetic.task import SyntheticModel
+
+    torch.manual_seed(0)
+    model = SyntheticModel(32, 2, "mha_sep", {}, 1)
+    x = torch.randn(3, 6, 32, requires_grad=True)
+    h, _ = model.stack(x)
+    for i in range(4):
+        g = torch.autograd.grad(h[..., 8 * i:8 * (i + 1)].sum(), x, retain_graph=True)[0]
+        others = torch.cat([g[..., :8 * i], g[..., 8 * (i + 1):]], dim=-1)
+        assert others.abs().max() == 0 and g[..., 8 * i:8 * (i + 1)].abs().max() > 0
+    out, _ = model(x)
+    g = torch.autograd.grad(out.sum(), x)[0]
+    assert all(g[..., 8 * i:8 * (i + 1)].abs().max() > 0 for i in range(4))  # the pooled head reads every subspace

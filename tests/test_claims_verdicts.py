@@ -174,7 +174,7 @@ def test_control_arms_match_their_parameter_targets(config):
 
 def test_controls_are_listed_only_on_request():
     assert zoo.list_attentions() == ["colmha", "damcha", "dcmha", "mha", "mma", "moa", "tha"]
-    controls = ["damcha_bm", "damcha_static", "mha_ctx", "mha_pm"]
+    controls = ["damcha_bm", "damcha_static", "mha_ctx", "mha_pm", "mha_sep"]
     assert [n for n in zoo.list_attentions(include_controls=True) if zoo.get_attention_spec(n).control] == controls
     from attention_zoo.registry import select_attentions
 

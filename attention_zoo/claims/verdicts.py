@@ -394,6 +394,7 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
                 r.why = "matched by " + ", ".join(c.name for c in r.controls if c.explains)
         if r.verdict in ("supported", "contradicted", "inconclusive") and (bound := budget_bound(r)):
             r.verdict, r.why = "not decidable", f"at this budget: {bound}"
+    control_note = positive_control(claim, preset, frame, results)
     costs = {k: v for r in results for k, v in r.costs.items()}
     v = Verdict(claim, preset, combine(results), results, n=min((r.test.n for r in results if r.test.n), default=0),
                 cost_s=sum(s for s, _ in costs.values()), context=rows.context_id, runs=rows.run_ids,
@@ -414,6 +415,8 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
         notes.append(f"non-inferiority margin {claim.margin:g} {results[0].unit if results else ''}")
     if not rows.gate_checked:
         notes.append("learned-at-all gate: no trivial-predictor reference in this store (not checked)")
+    if control_note:
+        notes.append(control_note)
     v.note = "; ".join(notes)
     v.control = " | ".join(s for r in results if (s := control_text(r.comp, r.controls, r.unit))) or "–"
     v.budget = "; ".join(
@@ -421,6 +424,35 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
     v.n_needed = next((s for r in results if r.verdict == "inconclusive" and (s := seeds_needed(r, paper_task))), "")
     v.scope = run_facts(frame)
     return v
+
+
+def positive_control(claim: Claim, preset: str, frame: pd.DataFrame, results: list[Result]) -> str:
+    """Apply the claim's positive control (``Claim.positive_control``): its arm's per-seed slope of the metric over
+    ``positive_over``, oriented so that a rising error is positive, must have a 95 % t-interval above 0; where it
+    does not, every comparison of the claim becomes not decidable. Returns the note that states the slope."""
+    arm, over = claim.positive_control, claim.positive_over
+    if arm is None:
+        return ""
+    metric = resolve(claim.metric, preset)
+    rows = metric_rows(frame, metric)
+    part = rows[matches(rows, arm.where)] if not rows.empty else rows
+    if part.empty or over not in part:
+        return f"positive control {arm.label}: not run in this store"
+    sign = 1.0 if claim.better == "lower" else -1.0  # worse = up
+    per = part.groupby([*claim.pair_on, over])["value"].mean().reset_index()
+    slopes = [sign * stats.slope(g[over], g["value"]) for _, g in per.groupby(list(claim.pair_on))
+              if g[over].nunique() > 1]
+    t = stats.paired_test(slopes)
+    text = (f"positive control {arm.label}: its {metric} worsens by {interval_text(t)} per unit {over} "
+            f"(n = {t.n})")
+    if t.decidable and t.low > 0:
+        return text + ": the task responds"
+    why = (f"the task does not isolate {claim.positive_what or 'what the claim is about'} ({text}, "
+           + ("not above 0)" if t.decidable else "too few seeds to show it)"))
+    for r in results:
+        if r.verdict not in ("not run",) and not r.gate and not r.diverged:
+            r.verdict, r.why = "not decidable", why
+    return text
 
 
 def name_stand_in(v: Verdict, original: Claim) -> None:

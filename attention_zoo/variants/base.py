@@ -100,6 +100,9 @@ class AttentionBase(nn.Module, abc.ABC):
     stack_shared = False
     has_metric = False
     rotary_ok = False  # applies the rotary positions handed to forward (``rotary``) to its queries and keys
+    # One tower per head slice: the head slices never meet in this attention, and a backbone that reads the flag
+    # keeps them apart in its norms and feed-forward too (per-slice), so they meet only in the model's head.
+    subspace_towers = False
     # Why a measurement differs from what the formulas lead one to expect; reports print them where it shows.
     flop_count_note = ""  # the FLOP counters vs analytic_flops
     memory_note = ""  # training memory below MHA's
