@@ -444,9 +444,10 @@ class StructuredMLPForM(nn.Module):
         return M.mean(0).reshape(self.d_model, self.d_model)
 
     def ensemble_prepare(self) -> None:
-        """For ``engine.ensemble``: the fused RowSum reads the output layer's raw weight; the explicit path (same
-        values and gradients, docs/variants.md §7.4) calls the layer, which a grouped copy replaces."""
-        if self.fused and not self.collapsed:
+        """For ``engine.ensemble``: the fused RowSum of a full D² output reads the output layer's raw weight; the
+        explicit path (same values and gradients, docs/variants.md §7.4) calls the layer, which a grouped copy
+        replaces. The fused compact-rank path already calls the layer (per head, no D×D tensor): it stays."""
+        if self.fused and not self.collapsed and not self.cfg.compact_rank:
             self.cfg = replace(self.cfg, fused_rowsum=False)
 
     # ---- analytic costs -------------------------------------------------------------------------------------
