@@ -12,6 +12,9 @@ member that stops (patience since its best evaluation) or diverges (a non-finite
 shrinks, so a stopped member costs nothing after it stops). Each member's run directory gets the ``metrics.jsonl``
 ``train`` writes (train, eval, budget, early-stop and status events), so reports read it unchanged.
 
+After the call, ``models[i]`` holds member i's weights at its last step (where it stopped, or the weights that gave
+a non-finite loss), as the model handed to ``train`` does after it.
+
 Time: a step's wall time is shared equally by the members it trained, so a member's ``train_time_s`` is its share
 and the members' times add up to the group's. Evaluation and checkpointing are outside it, as in ``train``.
 
@@ -56,6 +59,12 @@ class Member:
     sampler: Callable[[int], Batch]
     run_dir: Path
     meta: dict = field(default_factory=dict)  # stored in its best.pt, as ``train``'s ``meta``
+    min_lr_ratio: float | None = None  # its cosine floor as a fraction of its lr (None: the shared config's)
+
+    def config(self, cfg: TrainConfig) -> TrainConfig:
+        """The configuration ``train`` would run this member with."""
+        return cfg.replace(lr=self.lr, weight_decay=self.weight_decay, seed=self.seed,
+                           min_lr_ratio=cfg.min_lr_ratio if self.min_lr_ratio is None else self.min_lr_ratio)
 
 
 @torch.no_grad()
@@ -157,6 +166,7 @@ class _Record:
         self.status, self.step, self.tokens, self.time = "ok", 0, 0, 0.0
         self.best, self.best_step, self.evals, self.budget = None, 0, {}, {}
         self.best_state: dict[str, Tensor] | None = None
+        self.final_state: dict[str, Tensor] | None = None  # its weights when it left the group
         self.done = False
 
     def state(self) -> dict:
@@ -204,7 +214,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
     budget_steps = _budget_steps(budget_fracs, budget_score, eval_sets, cfg.max_steps)
     device, out_dir, eval_sets = torch.device(device), Path(out_dir), eval_sets or {}
     net = (grouped if grouped is not None else group_models(models)).to(device)
-    templates = [m.cpu() for m in models]  # the members' own layout, for their best.pt
+    templates = models  # the members' own models: their best.pt layout, and their weights after the call
+    cfgs = [m.config(cfg) for m in members]
     opt = _optimizer(net, members, cfg)
     ckpt_path = out_dir / "group.pt"
     recs = [_Record() for _ in members]
@@ -226,10 +237,16 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
     def log(i: int, row: dict) -> None:
         append_jsonl(members[i].run_dir / "metrics.jsonl", row)
 
+    def export(j: int) -> None:  # member active[j]'s current weights, for its own model after the call
+        recs[active[j]].final_state = _slice_state(net, j)
+
     def shrink(keep_pos: list[int]) -> None:
         nonlocal opt, active
         if keep_pos == list(range(len(active))):
             return
+        for j in range(len(active)):
+            if j not in keep_pos:
+                export(j)
         opt = opt.select_members(keep_pos, select_members(net, keep_pos))
         active = [active[j] for j in keep_pos]
 
@@ -275,8 +292,9 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 if p[-1].shape[0] % cfg.grad_accum:
                     raise ValueError(f"batch_size: a batch of {p[-1].shape[0]} does not split into "
                                      f"grad_accum={cfg.grad_accum} micro-batches")
-            for g in opt.param_groups:
-                g["lr"] = lr_factor(step, cfg)  # LambdaLR's factor; the members' own rates are member_lr
+            rates = torch.tensor([members[i].lr * lr_factor(step, cfgs[i]) for i in active], dtype=torch.float64)
+            for g in opt.param_groups:  # each member's scheduled rate, as LambdaLR gives it alone
+                g["lr"], g["member_lr"] = 1.0, rates
             opt.zero_grad(set_to_none=True)
             losses = torch.zeros(n, dtype=torch.float64, device=device)
             aux_total = 0.0
@@ -296,16 +314,18 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                                   cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             finite = (torch.isfinite(losses) & torch.isfinite(norms.double())).tolist()
             loss_v, norm_v = losses.tolist(), norms.tolist()
-            lr_now = lr_factor(step, cfg)
+            lr_now = rates.tolist()
             for j, i in enumerate(active):
                 if not finite[j]:  # the member's update is skipped; it leaves the group with status nan
                     r = recs[i]
                     r.status, r.done = "nan", True
-                    log(i, {"event": "status", "status": "nan", "step": step + 1, "lr": lr_now * members[i].lr,
+                    log(i, {"event": "status", "status": "nan", "step": step + 1, "lr": lr_now[j],
                             "grad_norm": norm_v[j], "loss": loss_v[j]})
             if not all(finite):
                 keep = [j for j in range(n) if finite[j]]
                 if not keep:
+                    for j in range(n):
+                        export(j)
                     active = []
                     break
                 index = torch.tensor(keep, device=device)
@@ -314,6 +334,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 for p, g in zip(net.parameters(), grads):
                     p.grad = g
                 parts, loss_v, norm_v = [parts[j] for j in keep], [loss_v[j] for j in keep], [norm_v[j] for j in keep]
+                lr_now = [lr_now[j] for j in keep]
             opt.step()
             step += 1
             dt = (time.perf_counter() - t0) / len(active)
@@ -322,7 +343,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 r.step, r.tokens, r.time = step, r.tokens + batch_weight(parts[j]), r.time + dt
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     log(i, {"event": "train", "step": step, "loss": loss_v[j], "group_aux_loss": aux_total,
-                            "lr": lr_now * members[i].lr, "grad_norm": norm_v[j], "tokens_seen": r.tokens,
+                            "lr": lr_now[j], "grad_norm": norm_v[j], "tokens_seen": r.tokens,
                             "train_time_s": r.time})
             bar.update(1)
             if eval_sets and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
@@ -349,6 +370,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                     if keep:
                         shrink(keep)
                     else:
+                        for j in range(len(active)):
+                            export(j)
                         active = []
             stopping = flag.signum is not None or (cfg.stop_at is not None and step >= cfg.stop_at)
             if active and (stopping or (cfg.ckpt_every and step % cfg.ckpt_every == 0)):
@@ -359,6 +382,13 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
         bar.close()
     if interrupted is None and active and eval_sets:
         run_evals()  # the members that reached max_steps: their final evaluation, as ``train``'s
+    for j in range(len(active)):
+        export(j)
+    with torch.no_grad():
+        for m, r in zip(templates, recs):
+            if r.final_state is not None:
+                for k, p in m.named_parameters(remove_duplicate=False):
+                    p.copy_(r.final_state[k])
     results = []
     for i, (m, r) in enumerate(zip(members, recs)):
         status = "interrupted" if interrupted is not None and i in active else r.status
@@ -367,8 +397,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
             state = templates[i].state_dict()
             state.update({k: v.cpu() for k, v in r.best_state.items() if k in state})
             path = CheckpointManager(m.run_dir / "checkpoints").save_best(
-                {"model": state, "step": r.best_step, "best_eval": r.best, "config": cfg.replace(
-                    lr=m.lr, weight_decay=m.weight_decay, seed=m.seed).to_dict(), "meta": m.meta, "grouped": True})
+                {"model": state, "step": r.best_step, "best_eval": r.best, "config": cfgs[i].to_dict(),
+                 "meta": m.meta, "grouped": True})
         if status != "interrupted":
             log(i, {"event": "status", "status": status, "step": r.step, "signal": None, "tokens_seen": r.tokens,
                     "train_time_s": r.time})
@@ -378,6 +408,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                                    r.best_step if r.best is not None else None, r.budget if budget_steps else None))
     if interrupted is None and ckpt_path.is_file():
         ckpt_path.unlink()
+        if not any(out_dir.iterdir()):
+            out_dir.rmdir()
     return results
 
 
