@@ -30,11 +30,14 @@ from torch import Tensor, nn
 from ...engine import discard_run, load_checkpoint, train
 from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo
+from ...engine.ensemble import EnsembleUnsupported
+from ...engine.grouped import Member, group_for_training, train_grouped
 from ...envinfo import set_seed
 from ...measure.flops import analytic_flops
 from ...measure.params import count_params
 from ...models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
 from ...registry import split_options
+from ..ensemble_units import unit_tag
 from .config import PRESETS, Context, Preset, cell_name  # noqa: F401 - PRESETS re-exported
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions, load_data  # noqa: F401 - re-exported
 from .scoring import VAL_UNIT, _row, score_cell, validation_loss
@@ -98,11 +101,44 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     return model, data, res
 
 
+def train_cells_grouped(ctx: Context, unit: list[dict], options: dict | None = None, share_mlp: bool = True):
+    """``train_cell`` for the cells of ``unit`` (one arm, one phase) as one grouped model (``engine.grouped``: each
+    gets what ``train`` gives it alone, to float rounding): ([(model, data, TrainResult)] per cell, "") with each
+    model at its lowest-validation-loss weights, or (None, why the arm cannot be grouped: the caller trains its
+    cells one by one)."""
+    data = load_data(unit[0]["dataset"], ctx.data)
+    cfg = ctx.train_config(data).replace(progress=not ctx.quiet)
+    models = []
+    for c in unit:
+        set_seed(c["seed"])
+        models.append(build_model(data, c["variant"], c["flavor"], ctx.preset, options, share_mlp))
+    members = [Member(c["seed"], c["lr"] if "phase" in c else cfg.lr,
+                      c["weight_decay"] if "phase" in c else cfg.weight_decay, data.sampler(cfg.batch_size, c["seed"]),
+                      ctx.run_dir(c), {"cell": c}) for c in unit]
+    try:
+        grouped = group_for_training(models, tuple(t[:2] for t in members[0].sampler(0)[:-1]))
+    except EnsembleUnsupported as exc:
+        return None, str(exc)
+    if ctx.fresh:
+        for m in members:
+            discard_run(m.run_dir)
+    group_dir = ctx.out / "_cache" / "runs" / f"group-{unit[0]['variant']}-{unit[0].get('phase', 'seeds')}-" \
+                                              f"{unit_tag(unit)}"
+    results = train_grouped(models, members, cfg, group_dir, eval_sets={"val": data.batches("val", cfg.batch_size)},
+                            loss_fn=data.loss_fn, device=ctx.device, resume=not ctx.fresh,
+                            desc=f"{cell_name(unit[0])} x{len(unit)}", grouped=grouped)
+    for m, res in zip(models, results):
+        if res.status == "ok" and res.checkpoint is not None:
+            m.load_state_dict(strip_prefixes(load_checkpoint(res.checkpoint)["model"]))
+    return [(m, data, res) for m, res in zip(models, results)], ""
+
+
 def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share_mlp: bool = True,
-                    inference: dict | None = None) -> list[dict] | None:
+                    inference: dict | None = None, trained: tuple | None = None) -> list[dict] | None:
     """Train a cell and score it (once, or once per ``inference`` entry ``label -> fn(model)`` that sets an
-    inference-time modification such as block scales); None when training was interrupted (resumable)."""
-    model, data, res = train_cell(ctx, cell, options, share_mlp)
+    inference-time modification such as block scales); None when training was interrupted (resumable).
+    ``trained``: the cell's (model, data, TrainResult) from ``train_cells_grouped``: scored as it stands."""
+    model, data, res = trained if trained is not None else train_cell(ctx, cell, options, share_mlp)
     if res.status == "interrupted":
         return None
     if res.status != "ok":
