@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -42,7 +43,16 @@ from ..io import append_jsonl
 from .checkpoint import CheckpointManager, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig
 from .ensemble import EnsembleUnsupported, clip_per_seed, group_models, n_members, select_members, verify_grouped
-from .loop import TrainResult, _autocast, _budget_steps, _signal_handlers, batch_weight, lm_loss, lr_factor
+from .loop import (
+    IGNORE_INDEX,
+    TrainResult,
+    _autocast,
+    _budget_steps,
+    _signal_handlers,
+    batch_weight,
+    lm_loss,
+    lr_factor,
+)
 from .member_adamw import MemberAdamW
 
 Batch = tuple[Tensor, ...]
@@ -141,8 +151,23 @@ def evaluate_members(net: nn.Module, batches: Iterable[Batch], loss_fn: Callable
     return (total / weight).tolist()
 
 
+def _lm_member_losses(batch: Batch, out, n: int) -> Tensor:
+    """``lm_loss`` of each member of a seed-major batch in one cross-entropy call: each member's mean over its own
+    scored targets."""
+    logits = out.logits if hasattr(out, "logits") else out
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    y = batch[-1]
+    nll = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+    return nll.view(n, -1).sum(1) / (y != IGNORE_INDEX).view(n, -1).sum(1)
+
+
 def _member_losses(loss_fn: Callable, batch: Batch, out, n: int) -> Tensor:
-    """[n] training losses of a seed-major batch, each member's ``loss_fn`` on its own rows."""
+    """[n] training losses of a seed-major batch, each member's ``loss_fn`` on its own rows (a loss function may
+    carry a ``member_losses(batch, out, n)`` that does it in one call)."""
+    if loss_fn is lm_loss:
+        return _lm_member_losses(batch, out, n)
+    if callable(getattr(loss_fn, "member_losses", None)):
+        return loss_fn.member_losses(batch, out, n)
     logits = out.logits if hasattr(out, "logits") else out
     parts = [t.chunk(n) for t in batch]
     return torch.stack([loss_fn(tuple(p[i] for p in parts), SimpleNamespace(logits=x))
@@ -188,6 +213,43 @@ def _load_members(net: nn.Module, states: list[dict[str, Tensor]]) -> None:
     with torch.no_grad():
         for k, p in net.named_parameters(remove_duplicate=False):
             p.copy_(torch.stack([s[k] for s in states]))
+
+
+def grouped_step(net: nn.Module, opt: MemberAdamW, parts: list[Batch], rates: list[float], cfg: TrainConfig,
+                 loss_fn: Callable = lm_loss, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, float]:
+    """One step of a group up to the update: every member's scheduled rate (``rates``, as LambdaLR gives it alone),
+    the forward/backward of the members' batches ``parts`` (seed-major, ``grad_accum`` micro-batches) and per-member
+    clipping. Returns (losses [S] float64, gradient norms [S], the group's auxiliary loss); ``opt.step()`` follows
+    (``train_grouped`` first drops members whose loss or norm is not finite)."""
+    device = torch.device(device)
+    r = torch.tensor(rates, dtype=torch.float64)
+    for g in opt.param_groups:
+        g["lr"], g["member_lr"] = 1.0, r
+    opt.zero_grad(set_to_none=True)
+    n = len(parts)
+    losses = torch.zeros(n, dtype=torch.float64, device=device)
+    aux_total = 0.0
+    for m in range(cfg.grad_accum):
+        mb = [tuple(t.chunk(cfg.grad_accum)[m] for t in p) for p in parts]
+        batch = tuple(t.to(device, non_blocking=True) for t in _seed_major(mb))
+        with _autocast(device, cfg.amp):
+            out = net(*batch[:-1])
+            per = _member_losses(loss_fn, batch, out, n)
+            aux = getattr(out, "aux_loss", None)
+        total = per.sum() if not torch.is_tensor(aux) else per.sum() + aux
+        (total / cfg.grad_accum).backward()
+        losses += per.detach().double() / cfg.grad_accum
+        if torch.is_tensor(aux):
+            aux_total += float(aux.detach()) / cfg.grad_accum
+    norms = clip_per_seed([p for p in net.parameters() if p.requires_grad],
+                          cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    return losses, norms, aux_total
+
+
+def member_optimizer(net: nn.Module, members: list[Member], cfg: TrainConfig) -> MemberAdamW:
+    """The members' AdamW: ``make_optimizer``'s groups (decay on tensors of ≥ 2 dimensions in one model: ≥ 3 with
+    the member axis), each member at its own learning rate and weight decay."""
+    return _optimizer(net, members, cfg)
 
 
 def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConfig, out_dir: str | Path,
@@ -292,29 +354,11 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 if p[-1].shape[0] % cfg.grad_accum:
                     raise ValueError(f"batch_size: a batch of {p[-1].shape[0]} does not split into "
                                      f"grad_accum={cfg.grad_accum} micro-batches")
-            rates = torch.tensor([members[i].lr * lr_factor(step, cfgs[i]) for i in active], dtype=torch.float64)
-            for g in opt.param_groups:  # each member's scheduled rate, as LambdaLR gives it alone
-                g["lr"], g["member_lr"] = 1.0, rates
-            opt.zero_grad(set_to_none=True)
-            losses = torch.zeros(n, dtype=torch.float64, device=device)
-            aux_total = 0.0
-            for m in range(cfg.grad_accum):
-                mb = [tuple(t.chunk(cfg.grad_accum)[m] for t in p) for p in parts]
-                batch = tuple(t.to(device, non_blocking=True) for t in _seed_major(mb))
-                with _autocast(device, cfg.amp):
-                    out = net(*batch[:-1])
-                    per = _member_losses(loss_fn, batch, out, n)
-                    aux = getattr(out, "aux_loss", None)
-                total = per.sum() if not torch.is_tensor(aux) else per.sum() + aux
-                (total / cfg.grad_accum).backward()
-                losses += per.detach().double() / cfg.grad_accum
-                if torch.is_tensor(aux):
-                    aux_total += float(aux.detach()) / cfg.grad_accum
-            norms = clip_per_seed([p for p in net.parameters() if p.requires_grad],
-                                  cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            rates = [members[i].lr * lr_factor(step, cfgs[i]) for i in active]
+            losses, norms, aux_total = grouped_step(net, opt, parts, rates, cfg, loss_fn, device)
             finite = (torch.isfinite(losses) & torch.isfinite(norms.double())).tolist()
             loss_v, norm_v = losses.tolist(), norms.tolist()
-            lr_now = rates.tolist()
+            lr_now = list(rates)
             for j, i in enumerate(active):
                 if not finite[j]:  # the member's update is skipped; it leaves the group with status nan
                     r = recs[i]
@@ -413,5 +457,5 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
     return results
 
 
-__all__ = ["Member", "check_deterministic", "evaluate_members", "group_for_training", "member_outputs",
-           "train_grouped"]
+__all__ = ["Member", "check_deterministic", "evaluate_members", "group_for_training", "grouped_step",
+           "member_optimizer", "member_outputs", "train_grouped"]

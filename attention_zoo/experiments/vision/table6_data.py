@@ -99,6 +99,19 @@ def classification_loss(batch, output) -> Tensor:
     return F.cross_entropy(logits, y)
 
 
+def _classification_member_losses(batch, output, n: int) -> Tensor:
+    """``classification_loss`` of each member of a grouped model's seed-major batch (``engine.grouped``), in one
+    call: each member's mean over its own rows."""
+    logits = output.logits if hasattr(output, "logits") else output
+    logits, y = logits.float(), batch[-1]
+    per = -(y * F.log_softmax(logits, -1)).sum(-1) if y.is_floating_point() else F.cross_entropy(logits, y,
+                                                                                                  reduction="none")
+    return per.view(n, -1).mean(1)
+
+
+classification_loss.member_losses = _classification_member_losses
+
+
 def topk_correct(logits: Tensor, targets: Tensor, ks: tuple[int, ...] = (1, 5)) -> Tensor:
     """(len(ks),) int64: rows whose target is among their k highest logits, per k (k capped at the class count)."""
     kmax = min(max(ks), logits.shape[-1])
