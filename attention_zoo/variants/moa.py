@@ -114,13 +114,18 @@ def _stream_forward(inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int
 def _stream_backward(grad: Tensor, inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int,
                      k_out: int) -> tuple[Tensor, Tensor]:
     src, dst = pos // k_in, pos // k_out
-    grad_in, grad_w = torch.zeros_like(inp), inp.new_zeros(w.shape)  # an expert with no rows: zero gradient
+    # Slot-layout input (k_in = 1): every input row belongs to exactly one pair, so each is written once (a copy:
+    # the same bits as adding it to zero, without the zero fill and the reads of the add); token layout: summed.
+    grad_in = torch.empty_like(inp) if k_in == 1 else torch.zeros_like(inp)
+    grad_w = inp.new_empty(w.shape)
     start = 0
     for e, end in enumerate(offs.tolist()):
         if end > start:
             g = grad.index_select(0, dst[start:end])  # (n_e, n_out)
-            grad_in.index_add_(0, src[start:end], g @ w[e].T)  # (n_e, n_in) summed into its input rows
+            (grad_in.index_copy_ if k_in == 1 else grad_in.index_add_)(0, src[start:end], g @ w[e].T)  # (n_e, n_in)
             torch.mm(inp.index_select(0, src[start:end]).T, g, out=grad_w[e])  # (n_in, n_out)
+        else:
+            grad_w[e].zero_()  # an expert with no rows: zero gradient
         start = end
     return grad_in, grad_w
 
