@@ -191,6 +191,7 @@ class _Record:
         self.status, self.step, self.tokens, self.time = "ok", 0, 0, 0.0
         self.best, self.best_step, self.evals, self.budget = None, 0, {}, {}
         self.best_state: dict[str, Tensor] | None = None
+        self.eval_time = 0.0
         self.final_state: dict[str, Tensor] | None = None  # its weights when it left the group
         self.done = False
 
@@ -313,8 +314,10 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
         active = [active[j] for j in keep_pos]
 
     def run_evals() -> None:
+        t0 = time.perf_counter()
         per_set = {name: evaluate_members(net, fn(cfg.eval_max_batches), loss_fn, cfg.amp)
                    for name, fn in eval_sets.items()}
+        share(time.perf_counter() - t0, active)
         for j, i in enumerate(active):
             r = recs[i]
             r.evals = {name: v[j] for name, v in per_set.items()}
@@ -325,14 +328,25 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 r.best, r.best_step = mean, step
                 r.best_state = {k: p.detach()[j].clone() for k, p in net.named_parameters(remove_duplicate=False)}
 
+    def share(seconds: float, who: list[int]) -> None:  # evaluation time, shared by the members evaluated
+        for i in who:
+            recs[i].eval_time += seconds / len(who)
+
     def score_budget(fracs: tuple[float, ...], who: list[int]) -> None:
-        scratch = copy.deepcopy(net)  # the best checkpoints, scored without touching the training state
-        pos = [active.index(i) for i in who]
-        select_members(scratch, pos)
-        _load_members(scratch, [recs[i].best_state for i in who])
-        scores = budget_score(scratch)
-        del scratch
-        for i, sc in zip(who, scores):
+        t0 = time.perf_counter()
+        reuse = {i: recs[i].budget[max(recs[i].budget)][1] for i in who  # the same best checkpoint as the last
+                 if recs[i].budget and recs[i].budget[max(recs[i].budget)][0] == recs[i].best_step}  # fraction's
+        fresh = [i for i in who if i not in reuse]
+        scores = {}
+        if fresh:
+            scratch = copy.deepcopy(net)  # the best checkpoints, scored without touching the training state
+            select_members(scratch, [active.index(i) for i in fresh])
+            _load_members(scratch, [recs[i].best_state for i in fresh])
+            scores = dict(zip(fresh, budget_score(scratch)))
+            del scratch
+        scores.update(reuse)
+        share(time.perf_counter() - t0, who)
+        for i, sc in ((i, scores[i]) for i in who):
             for f in fracs:
                 recs[i].budget[f] = (recs[i].best_step, dict(sc))
                 log(i, {"event": "budget", "step": step, "fraction": f, "best_step": recs[i].best_step, **sc})
@@ -449,7 +463,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
         signum = interrupted if status == "interrupted" and interrupted else None
         results.append(TrainResult(status, r.step, r.tokens, r.time, r.evals, r.best, path,
                                    m.run_dir / "metrics.jsonl", signum, None,
-                                   r.best_step if r.best is not None else None, r.budget if budget_steps else None))
+                                   r.best_step if r.best is not None else None, r.budget if budget_steps else None,
+                                   r.eval_time))
     if interrupted is None and ckpt_path.is_file():
         ckpt_path.unlink()
         if not any(out_dir.iterdir()):

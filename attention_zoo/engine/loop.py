@@ -52,6 +52,7 @@ class TrainResult:
     # budget fraction -> (the best validation checkpoint's step so far, ``budget_score`` of that checkpoint), for the
     # fractions of ``max_steps`` the run reached before it ended (the caller scores the rest at the final best)
     budget: dict[float, tuple[int, dict[str, float]]] | None = None
+    eval_time_s: float = 0.0  # wall time of this call's evaluations and budget scoring (not in train_time_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -261,9 +262,15 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {},
                 "budget": [[f, b, sc] for f, (b, sc) in sorted(budget.items())], **extra}
 
+    eval_time = 0.0
+    # the last budget scoring, (best step, scores): a later fraction with the same best checkpoint reuses it
+    scored_at: tuple[int, dict[str, float]] | None = budget[max(budget)] if budget else None
+
     def run_evals() -> dict[str, float]:
-        nonlocal best, best_step, best_weights
+        nonlocal best, best_step, best_weights, eval_time
+        t0 = time.perf_counter()
         res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
+        eval_time += time.perf_counter() - t0
         for name, v in res.items():
             log({"event": "eval", "step": step, "eval_set": name, "loss": v})
         mean = sum(res.values()) / len(res)
@@ -277,17 +284,23 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         return res
 
     def score_budget(fracs: tuple[float, ...]) -> None:
-        nonlocal best_weights
-        if best_weights is None and best is not None:  # resumed: the best so far is best.pt's
-            best_weights = strip_prefixes(load_checkpoint(ckpts.best_path)["model"])
-        current = None
-        if best_weights is not None and best_step != step:  # score the best checkpoint, then put this step's back
-            current = {k: v.detach().clone() for k, v in raw.state_dict().items()}
-            raw.load_state_dict(best_weights)
-        scores = budget_score(raw)
-        if current is not None:
-            raw.load_state_dict(current)
-        raw.train()
+        nonlocal best_weights, eval_time, scored_at
+        t0 = time.perf_counter()
+        if scored_at is not None and scored_at[0] == best_step:  # the same checkpoint as the last fraction's: its
+            scores = dict(scored_at[1])  # scores stand (scoring reads no RNG, so nothing else changes)
+        else:
+            if best_weights is None and best is not None:  # resumed: the best so far is best.pt's
+                best_weights = strip_prefixes(load_checkpoint(ckpts.best_path)["model"])
+            current = None
+            if best_weights is not None and best_step != step:  # score the best checkpoint, then put this step's back
+                current = {k: v.detach().clone() for k, v in raw.state_dict().items()}
+                raw.load_state_dict(best_weights)
+            scores = budget_score(raw)
+            if current is not None:
+                raw.load_state_dict(current)
+            raw.train()
+            scored_at = (best_step, dict(scores))
+        eval_time += time.perf_counter() - t0
         for frac in fracs:
             budget[frac] = (best_step, scores)
             log({"event": "budget", "step": step, "fraction": frac, "best_step": best_step, **scores})
@@ -368,7 +381,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
     log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
          "train_time_s": train_time})
     return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync,
-                       best_step if best is not None else None, budget if budget_steps else None)
+                       best_step if best is not None else None, budget if budget_steps else None, eval_time)
 
 
 def _budget_steps(fracs, score, eval_sets, max_steps: int) -> dict[int, tuple[float, ...]]:

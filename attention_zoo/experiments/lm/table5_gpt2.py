@@ -45,6 +45,7 @@ import json
 import math
 import resource
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -208,6 +209,9 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
         model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
 
     def losses_of(split: str) -> dict[str, float]:
+        reused = budget_scores_at_best(res, cfg) if split == "test" else None
+        if reused is not None:  # a budget fraction scored this very checkpoint: its test losses stand
+            return {name: reused[name] for name in evaluators[split]}
         return {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp)
                 for name, ev in evaluators[split].items()}
 
@@ -215,10 +219,20 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                             _peak(info.device, reset_ok), base_rss, losses_of), res
 
 
+def budget_scores_at_best(res: TrainResult, cfg: TrainConfig) -> dict | None:
+    """The budget scores of the run's best checkpoint when a budget fraction scored exactly it (early stopping: the
+    scored weights are the best checkpoint's), else None."""
+    if not cfg.patience or not res.budget:
+        return None
+    return next((sc for step, sc in res.budget.values() if step == res.best_step), None)
+
+
 def cell_result_rows(cell, corpus, cfg, info, res, model, params, opts, evaluators, final_eval_batches, fracs, peak,
                      base_rss, losses_of, extra: dict | None = None) -> list[dict]:
-    """A trained cell's rows: throughput, memory, sizes, and the final validation/test losses that ``losses_of(split)
-    -> {eval set: loss}`` computes at the scored weights (the best validation checkpoint under early stopping)."""
+    """A trained cell's rows: throughput, memory, sizes, the time spent evaluating, and the final validation/test
+    losses that ``losses_of(split) -> {eval set: loss}`` computes at the scored weights (the best validation
+    checkpoint under early stopping)."""
+    t_final = time.perf_counter()
     common = {"attention_options": json.dumps(opts, default=str), "context": model.max_seq_len,
               "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": "", **(extra or {})}
     mem_metric, mem = peak
@@ -261,6 +275,8 @@ def cell_result_rows(cell, corpus, cfg, info, res, model, params, opts, evaluato
                 best_step, scores = (res.budget or {}).get(f, (res.best_step, losses))
                 rows.append({"metric": "test_loss@budget", "budget": f, "value": scores[cell["dataset"]],
                              "unit": "nats", "eval_set": cell["dataset"], "best_step_so_far": best_step})
+    rows += [{"metric": "eval_time_s", "value": res.eval_time_s, "unit": "s"},  # while training: validation, budgets
+             {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
     return [{**common, **r} for r in rows]
 
 
@@ -313,6 +329,7 @@ def grouped_unit(unit: list[dict], preset: Preset, corpus, cfg: TrainConfig, inf
         if cfg.patience:
             models[i].load_state_dict(strip_prefixes(load_checkpoint(results[i].checkpoint)["model"]))
     finals: dict[str, dict[str, list[float]]] = {}
+    t_final = time.perf_counter()
     if scored:  # the members' final scores, one grouped forward per batch
         net = group_models([models[i] for i in scored]).to(info.device)
         for split in ("val", "test"):
@@ -320,6 +337,7 @@ def grouped_unit(unit: list[dict], preset: Preset, corpus, cfg: TrainConfig, inf
                 continue
             finals[split] = {name: evaluate_members(net, ev(final_eval_batches), amp=cfg.amp)
                              for name, ev in evaluators[split].items()}
+    final_share = (time.perf_counter() - t_final) / max(1, len(scored))
     out_rows = []
     for i, (c, res) in enumerate(zip(unit, results)):
         cfg_i = cfg.replace(lr=members[i].lr, weight_decay=members[i].weight_decay)
@@ -330,6 +348,9 @@ def grouped_unit(unit: list[dict], preset: Preset, corpus, cfg: TrainConfig, inf
 
         rows = cell_result_rows(c, corpus, cfg_i, info, res, models[i], params[i], built[i][1], evaluators,
                                 final_eval_batches, fracs, peak, base_rss, losses_of, ensemble_columns(len(unit)))
+        for r in rows:  # the group's final scoring, shared by the members it scored
+            if r["metric"] == "final_eval_time_s":
+                r["value"] = final_share if k is not None else 0.0
         out_rows.append((rows, res))
     return out_rows, ""
 

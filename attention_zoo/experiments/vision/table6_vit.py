@@ -42,6 +42,7 @@ import functools
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -202,8 +203,8 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         discard_run(run_dir)
     fracs = BUDGET_FRACS.get(cell["preset"], ()) if phase and phase != "tune" else ()  # tuning: validation only
 
-    def test_top1(net) -> dict[str, float]:
-        return {"top1": evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)["top1"]}
+    def test_top1(net) -> dict[str, float]:  # every score, so that a final checkpoint scored here is not re-scored
+        return evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)
 
     try:
         res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": validator},
@@ -219,6 +220,10 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
 
     def scores_of(split: str) -> dict[str, float]:
+        reused = next((sc for step, sc in (res.budget or {}).values() if step == res.best_step and "top5" in sc),
+                      None) if split == "test" and phase else None
+        if reused is not None:  # a budget fraction scored this very checkpoint (the best one): its scores stand
+            return reused
         return evaluate_topk(model, (validator(None) if split == "val" else evaluator(eval_batches)), info,
                              amp=cfg.amp)
 
@@ -230,6 +235,8 @@ def cell_result_rows(cell, preset, data, cfg, info, res, params, opts, fracs, sc
     """A trained cell's rows; ``scores_of(split)`` gives ``evaluate_topk``'s scores of the scored weights (the best
     validation checkpoint in a tuned preset) on the validation ("val") or the evaluation ("test") split."""
     phase = cell.get("phase")
+    t_final = time.perf_counter()
+    timing = [{"metric": "eval_time_s", "value": res.eval_time_s, "unit": "s"}]  # while training
     common = {"attention_options": json.dumps(opts, default=str), "image_size": preset.image_size,
               "patch_size": preset.patch_size, "batch_size": cfg.batch_size, "steps_per_epoch": cell["steps_per_epoch"],
               "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": "", **(extra or {})}
@@ -249,6 +256,7 @@ def cell_result_rows(cell, preset, data, cfg, info, res, params, opts, fracs, sc
                  {"metric": "best_step", "value": res.best_step, "unit": "steps"},
                  {"metric": "steps_run", "value": res.step, "unit": "steps"}]
         if phase == "tune":
+            rows += [*timing, {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
             return [{**common, **r} for r in rows]
     acc = scores_of("test")
     rows += [{"metric": "top1", "value": acc["top1"], "unit": "%", "n_eval": acc["n"]},
@@ -260,6 +268,7 @@ def cell_result_rows(cell, preset, data, cfg, info, res, params, opts, fracs, sc
         best_step, scores = (res.budget or {}).get(f, (res.best_step, acc))
         rows.append({"metric": "top1@budget", "budget": f, "value": scores["top1"], "unit": "%", "n_eval": acc["n"],
                      "best_step_so_far": best_step})
+    rows += [*timing, {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
     return [{**common, **r} for r in rows]
 
 
@@ -296,7 +305,7 @@ def grouped_unit(unit: list[dict], preset: Preset, data: ImageData, cfgs: list[T
                    for c, k, (_, o), smp, d in zip(unit, cfgs, built, samplers, run_dirs)]
 
         def test_top1(net) -> list[dict[str, float]]:
-            return [{"top1": s["top1"]} for s in evaluate_topk_members(net, evaluator(eval_batches), amp=cfg.amp)]
+            return evaluate_topk_members(net, evaluator(eval_batches), amp=cfg.amp)
 
         results = train_grouped(models, members, cfg, group_dir, eval_sets={"val": validator},
                                 loss_fn=classification_loss, device=info.device, resume=not fresh,
@@ -309,6 +318,7 @@ def grouped_unit(unit: list[dict], preset: Preset, data: ImageData, cfgs: list[T
         return [([], r) for r in results], ""
     scored = [i for i, r in enumerate(results) if r.status == "ok"]
     finals: dict[str, list[dict]] = {}
+    t_final = time.perf_counter()
     if scored:
         if phase:  # every score is the best validation checkpoint's
             for i in scored:
@@ -318,11 +328,15 @@ def grouped_unit(unit: list[dict], preset: Preset, data: ImageData, cfgs: list[T
             finals["val"] = evaluate_topk_members(net, validator(None), amp=cfg.amp)
         if phase != "tune":
             finals["test"] = evaluate_topk_members(net, evaluator(eval_batches), amp=cfg.amp)
+    final_share = (time.perf_counter() - t_final) / max(1, len(scored))
     out_rows = []
     for i, (c, res) in enumerate(zip(unit, results)):
         k = scored.index(i) if i in scored else None
         rows = cell_result_rows(c, preset, data, cfgs[i], info, res, params[i], built[i][1], fracs,
                                 lambda split, k=k: finals[split][k], ensemble_columns(len(unit)))
+        for r in rows:  # the group's final scoring, shared by the members it scored
+            if r["metric"] == "final_eval_time_s":
+                r["value"] = final_share if k is not None else 0.0
         out_rows.append((rows, res))
     return out_rows, ""
 
