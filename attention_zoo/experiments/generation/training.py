@@ -24,6 +24,7 @@ validation loss (``best.pt``); the smoke preset evaluates once, at the end (fina
 from __future__ import annotations
 
 import math
+import time
 
 from torch import Tensor, nn
 
@@ -144,15 +145,18 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
     if res.status != "ok":
         return [_row("train_loss", math.nan, "nats", res.status, f"non-finite loss or grad norm at step "
                      f"{res.step + 1}; see {res.log_path}")]
+    t_score = time.perf_counter()
     counts, cfg = count_params(model), ctx.train_config(data)
     seq_len = data.n_tokens if data.task == "patch" else data.seq_len
     extra = {"train_steps": res.step, "train_time_s": res.train_time_s, "best_val_loss": res.best_eval,
              "params": counts["total_params"], "attention_params": counts["attention_params"],
              # analytic: 3 × the forward count (backward ≈ 2 × forward) × sequences processed
-             "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9}
+             "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9,
+             "eval_time_s": res.eval_time_s}  # validation while training (outside train_time_s)
     if cell.get("phase") == "tune":  # tuning reads the selection half of the validation split only
-        return [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), **extra,
-                 "best_step": res.best_step}]
+        row = {**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), **extra,
+               "best_step": res.best_step}
+        return [{**row, "score_time_s": time.perf_counter() - t_score}]
     rows = []
     # the gate's reference: the task's trivial predictor on the same validation batches, with the same loss
     trivial = validation_loss(ctx, trivial_predictor(data).to(ctx.device), data)
@@ -161,4 +165,5 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
         val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label},
                {**_row("trivial_val_loss", trivial, VAL_UNIT[data.task]), "inference": label}]
         rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
-    return rows
+    score_time = time.perf_counter() - t_score  # the cell's scoring after training (every inference label)
+    return [{**r, "score_time_s": score_time} for r in rows]
