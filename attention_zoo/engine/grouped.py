@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from ..io import append_jsonl
 from .checkpoint import CheckpointManager, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .compiled import CompiledForward
 from .config import TrainConfig
 from .ensemble import EnsembleUnsupported, clip_per_seed, group_models, n_members, select_members, verify_grouped
 from .loop import (
@@ -356,6 +357,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                                     "step": step, "records": [r.state() for r in recs], "rng": rng_state(device)})
 
     interrupted = None
+    forward = CompiledForward(net, device) if cfg.compile else None  # the training forward (engine.compiled)
     net.train()
     with _signal_handlers(cfg.handle_signals) as flag:
         bar = tqdm(total=cfg.max_steps, initial=step, desc=desc, disable=not cfg.progress, dynamic_ncols=True,
@@ -369,7 +371,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                     raise ValueError(f"batch_size: a batch of {p[-1].shape[0]} does not split into "
                                      f"grad_accum={cfg.grad_accum} micro-batches")
             rates = [members[i].lr * lr_factor(step, cfgs[i]) for i in active]
-            losses, norms, aux_total = grouped_step(net, opt, parts, rates, cfg, loss_fn, device)
+            losses, norms, aux_total = grouped_step(forward or net, opt, parts, rates, cfg, loss_fn, device)
             finite = (torch.isfinite(losses) & torch.isfinite(norms.double())).tolist()
             loss_v, norm_v = losses.tolist(), norms.tolist()
             lr_now = list(rates)
@@ -464,7 +466,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
         results.append(TrainResult(status, r.step, r.tokens, r.time, r.evals, r.best, path,
                                    m.run_dir / "metrics.jsonl", signum, None,
                                    r.best_step if r.best is not None else None, r.budget if budget_steps else None,
-                                   r.eval_time))
+                                   r.eval_time, forward.how if forward is not None else ""))
     if interrupted is None and ckpt_path.is_file():
         ckpt_path.unlink()
         if not any(out_dir.iterdir()):

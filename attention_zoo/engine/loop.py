@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..envinfo import set_seed
 from ..io import append_jsonl
 from .checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state, strip_prefixes
+from .compiled import CompiledForward
 from .config import NEUTRAL, TrainConfig
 from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
 
@@ -53,6 +54,7 @@ class TrainResult:
     # fractions of ``max_steps`` the run reached before it ended (the caller scores the rest at the final best)
     budget: dict[float, tuple[int, dict[str, float]]] | None = None
     eval_time_s: float = 0.0  # wall time of this call's evaluations and budget scoring (not in train_time_s)
+    compiled: str = ""  # with TrainConfig.compile: "compiled", or "eager: <why>" (engine.compiled)
 
     @property
     def tokens_per_s(self) -> float:
@@ -306,6 +308,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             log({"event": "budget", "step": step, "fraction": frac, "best_step": best_step, **scores})
 
     net = raw
+    forward = CompiledForward(raw, dev) if cfg.compile and not info.distributed else None
+    if forward is not None:
+        net = forward
     evals: dict[str, float] = {}
     status, stop_signal, last_saved = "ok", None, ckpt_path if state is not None else None
     with _signal_handlers(cfg.handle_signals) as flag:
@@ -321,7 +326,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                                  f"x grad_accum={cfg.grad_accum}")
             per_rank = n // info.world_size
             local = tuple(t[info.rank * per_rank:(info.rank + 1) * per_rank] for t in batch)
-            if info.distributed and net is raw:
+            if info.distributed and net is raw:  # (compile applies to one process only: DDP wraps the eager model)
                 fup = cfg.find_unused_parameters
                 if fup is None:
                     micro = per_rank // cfg.grad_accum
@@ -381,7 +386,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
     log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
          "train_time_s": train_time})
     return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync,
-                       best_step if best is not None else None, budget if budget_steps else None, eval_time)
+                       best_step if best is not None else None, budget if budget_steps else None, eval_time,
+                       forward.how if forward is not None else ("eager: DDP" if cfg.compile else ""))
 
 
 def _budget_steps(fracs, score, eval_sets, max_steps: int) -> dict[int, tuple[float, ...]]:

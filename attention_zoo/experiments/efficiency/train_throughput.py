@@ -43,6 +43,7 @@ from torch import nn
 
 from ...cli import HelpFormatter, non_negative_int, positive_int
 from ...engine import TrainConfig
+from ...engine.compiled import CompiledForward
 from ...engine.ensemble import EnsembleUnsupported
 from ...engine.grouped import Member, group_for_training, grouped_step, member_optimizer
 from ...engine.loop import _accumulate, lm_loss, lr_factor, make_optimizer
@@ -57,6 +58,7 @@ from ...results import ensure_out_file
 from ...workers import child_preexec
 
 TASKS = ("lm", "vit")
+STEP_PATHS = ("one", "ensemble", "one (compiled)")
 DEFAULT_ARMS = "mha,dcmha,damcha,mha_pm,mha_ctx,damcha_bm"  # the decide presets' arms
 
 
@@ -118,16 +120,18 @@ def _cfg() -> TrainConfig:
 
 def one_stepper(model: nn.Module, sampler, loss_fn, cfg: TrainConfig):
     """step(i): what ``engine.loop.train`` does in one step of one model (its batch, ``_accumulate``, clipping, the
-    host reads of the loss and the norm, AdamW, the schedule)."""
+    host reads of the loss and the norm, AdamW, the schedule; ``cfg.compile``: the compiled forward)."""
     opt = make_optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     dev = torch.device("cpu")
     model.train()
+    net = CompiledForward(model, dev) if cfg.compile else model
+    step_fn_how = getattr(net, "how", "eager")
 
     def step(i: int) -> None:
         batch = sampler(i)
         opt.zero_grad(set_to_none=True)
-        sums = _accumulate(model, batch, cfg, dev, loss_fn)
+        sums = _accumulate(net, batch, cfg, dev, loss_fn)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         if not (torch.isfinite(sums[0]) and torch.isfinite(gnorm)):
             raise FloatingPointError("train_throughput: a non-finite loss")
@@ -135,6 +139,7 @@ def one_stepper(model: nn.Module, sampler, loss_fn, cfg: TrainConfig):
         opt.step()
         sched.step()
 
+    step.how = lambda: getattr(net, "how", step_fn_how)
     return step
 
 
@@ -157,8 +162,8 @@ def ensemble_stepper(models: list[nn.Module], samplers: list, loss_fn, cfg: Trai
     return step
 
 
-def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps: int, rounds: int, warmup: int
-            ) -> pd.DataFrame:
+def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps: int, rounds: int, warmup: int,
+            compile: bool = False) -> pd.DataFrame:
     """Rows per (variant, width, path): CPU seconds per step over interleaved rounds, tokens (images) per
     CPU-second, analytic training GFLOP/s (the GEMM share is added by the caller)."""
     t = _Task(task)
@@ -169,6 +174,9 @@ def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps
             models = [t.model(v, d, s) for s in range(seeds)]
             flops[(v, d)] = 3 * analytic_flops(models[0], shape.batch, shape.seq_len)
             cases[(v, d, "one")] = [one_stepper(t.model(v, d, s), t.sampler(s), t.loss_fn, cfg) for s in range(seeds)]
+            if compile:  # the models one at a time with the compiled forward (TrainConfig.compile)
+                cases[(v, d, "one (compiled)")] = [one_stepper(t.model(v, d, s), t.sampler(s), t.loss_fn,
+                                                               cfg.replace(compile=True)) for s in range(seeds)]
             samplers = [t.sampler(s) for s in range(seeds)]
             try:
                 cases[(v, d, "ensemble")] = [ensemble_stepper(models, samplers, t.loss_fn, cfg,
@@ -177,7 +185,14 @@ def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps
                 rows.append({"task": task, "variant": v, "d_model": d, "path": "ensemble", "status": "unsupported",
                              "message": str(exc)})
     times: dict[tuple, list[float]] = {}
-    pos = 0
+    pos, compile_s = 0, {}
+    for key, fns in cases.items():  # the first step of each stepper (a compile, where one is asked) outside the rounds
+        c0 = time.perf_counter()
+        for fn in fns:
+            fn(0)
+        if key[2] == "one (compiled)":
+            compile_s[key] = time.perf_counter() - c0
+    pos = 1
     for r in range(warmup + rounds):
         for key, fns in cases.items():
             c0 = time.process_time()
@@ -195,9 +210,12 @@ def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps
                "ms_per_model_step": 1e3 * med, "q25_ms": 1e3 * q[0], "q75_ms": 1e3 * q[2],
                f"{shape.unit}_per_cpu_s": shape.per_batch / med, "gflops": flops[(v, d)] / med / 1e9,
                "rounds": len(ts), "steps": steps, "seeds": seeds, "batch": shape.batch, "seq_len": shape.seq_len}
-        if path == "ensemble":
+        if path != "one":
             one = times[(v, d, "one")]
             row["speedup_vs_one"] = statistics.median(a / b for a, b in zip(one, ts))
+        if path == "one (compiled)":
+            row["compile_s"] = compile_s[(v, d, path)]
+            row["message"] = cases[(v, d, path)][0].how()
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -288,15 +306,19 @@ def target_lines(df: pd.DataFrame, task: str) -> list[str]:
         lines.append(f"- DAMCHA/MHA time per token at the Table 5 decide shape (D {PRESET_WIDTH}, one at a time): "
                      + (f"{b / a:.2f} (target ≤ 1.6; 1.99 in the Table 5 decide store)" if a and b else
                         "not measured"))
+        sel = df[(df["status"] == "ok") & (df["path"] == "one (compiled)") & (df["d_model"] == PRESET_WIDTH)]
+        tps = {r.variant: getattr(r, f"{unit}_per_cpu_s") for r in sel.itertuples()}
+        if {"mha", "damcha"} <= set(tps):
+            lines.append(f"- the same with both compiled (TrainConfig.compile): {tps['mha'] / tps['damcha']:.2f}")
     return lines
 
 
 def to_markdown(df: pd.DataFrame, env: dict, task: str) -> str:
     unit = SHAPES[task].unit
     ok = df[df["status"] == "ok"].copy()
-    step = ok[ok["path"].isin(["one", "ensemble"])]
+    step = ok[ok["path"].isin(STEP_PATHS)]
     cols = [c for c in ("variant", "d_model", "path", "ms_per_model_step", "q25_ms", "q75_ms", f"{unit}_per_cpu_s",
-                        "gflops", "gemm_fraction", "speedup_vs_one") if c in step]
+                        "gflops", "gemm_fraction", "speedup_vs_one", "compile_s", "message") if c in step]
     first = step.iloc[0] if len(step) else {}
     sh = SHAPES[task]
     what = ("Table 5's char-LM (2 layers, 4 heads, context 64, batch 16, DAMCHA hidden (128, 128), compact rank 4)"
@@ -314,7 +336,7 @@ def to_markdown(df: pd.DataFrame, env: dict, task: str) -> str:
             "attention_zoo/experiments/efficiency/train_throughput.py.\n\n")
     md = head + "## Targets\n\n" + "\n".join(target_lines(df, task)) + "\n\n## Per arm and width\n\n"
     md += markdown_table(step[cols], floatfmt=".3g") + "\n"
-    procs = ok[~ok["path"].isin(["one", "ensemble"])]
+    procs = ok[~ok["path"].isin(STEP_PATHS)]
     if len(procs):
         md += (f"\n## The machine's two cores ({unit} per wall-second, one model per process, D "
                f"{int(procs['d_model'].iloc[0])}, medians of {int(procs['rounds'].iloc[0])} interleaved rounds)\n\n")
@@ -331,21 +353,21 @@ def plot(df: pd.DataFrame, task: str, path: Path) -> None:
 
     unit = SHAPES[task].unit
     ok = df[df["status"] == "ok"]
-    step = ok[ok["path"].isin(["one", "ensemble"])]
-    procs = ok[~ok["path"].isin(["one", "ensemble"])]
+    step = ok[ok["path"].isin(STEP_PATHS)]
+    procs = ok[~ok["path"].isin(STEP_PATHS)]
     with matplotlib.rc_context({"font.size": 9}):
         fig = Figure(figsize=(13, 4.2))
         axes = fig.subplots(1, 3 if len(procs) else 2)
         colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(step["variant"]))}
         for (v, kind), g in step.groupby(["variant", "path"], sort=False):
             g = g.sort_values("d_model")
-            style = "-" if kind == "one" else "--"
+            style = {"one": "-", "ensemble": "--"}.get(kind, ":")
             axes[0].plot(g["d_model"], g[f"{unit}_per_cpu_s"], style, marker="o", color=colors[v],
                          label=f"{v} ({kind})")
             if "gemm_fraction" in g:
                 axes[1].plot(g["d_model"], 100 * g["gemm_fraction"], style, marker="o", color=colors[v])
         axes[0].set(xscale="log", yscale="log", xlabel="d_model", ylabel=f"{unit} per CPU-second",
-                    title="throughput (solid: one at a time, dashed: ensemble)")
+                    title="solid: one at a time, dashed: ensemble, dotted: compiled")
         axes[0].set_xticks(sorted(step["d_model"].unique()), [str(d) for d in sorted(step["d_model"].unique())])
         axes[0].legend(fontsize=7, ncol=2)
         axes[1].set(xscale="log", xlabel="d_model", ylabel="% of the one-thread GEMM rate",
@@ -377,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                         "('' skips it)")
     p.add_argument("--proc-steps", type=positive_int, default=30, help="steps per worker in that comparison")
     p.add_argument("--proc-rounds", type=positive_int, default=3, help="its interleaved rounds")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the models one at a time with a compiled forward (TrainConfig.compile)")
     p.add_argument("--csv", type=Path, default=None)
     p.add_argument("--md", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG of the figure")
@@ -394,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         variants = select_attentions(args.variants)
-        df = measure(args.task, variants, args.d_models, args.seeds, args.steps, args.rounds, args.warmup)
+        df = measure(args.task, variants, args.d_models, args.seeds, args.steps, args.rounds, args.warmup,
+                     args.compile)
         gemm = gemm_gflops(torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
