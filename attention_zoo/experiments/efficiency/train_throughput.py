@@ -2,8 +2,8 @@
 Table 6 (``--task vit``), per arm and width, one model at a time against a seed ensemble, and two processes of one
 thread against one process of two threads.
 
-    python -m attention_zoo.bench train --task lm --csv results/benchmark/train_lm.csv \\
-        --md results/benchmark/train_lm.md --plot results/benchmark/train_lm.png
+    python -m attention_zoo.bench train --task lm vit --compile --csv results/benchmark/train_throughput.csv \\
+        --md results/benchmark/train_throughput.md --plot results/benchmark/train_throughput.png
 
 Models and data are the decide presets' (Table 5: 2 layers, 4 heads, context 64, batch 16, DAMCHA's generator hidden
 (128, 128) with compact rank 4, the Shakespeare characters; Table 6: 16² digits in 4² patches, 2 layers, 4 heads,
@@ -346,39 +346,43 @@ def to_markdown(df: pd.DataFrame, env: dict, task: str) -> str:
     return md + "\n"
 
 
-def plot(df: pd.DataFrame, task: str, path: Path) -> None:
-    """Tokens (images) per CPU-second against the width, one/ensemble per arm; the GEMM share; the two cores."""
+def plot(df: pd.DataFrame, tasks: list[str], path: Path) -> None:
+    """One row per task: units per CPU-second against the width (one at a time, ensemble, compiled) per arm; the
+    share of the GEMM rate; the machine's two cores (two processes vs two threads)."""
     import matplotlib
     from matplotlib.figure import Figure
 
-    unit = SHAPES[task].unit
-    ok = df[df["status"] == "ok"]
-    step = ok[ok["path"].isin(STEP_PATHS)]
-    procs = ok[~ok["path"].isin(STEP_PATHS)]
     with matplotlib.rc_context({"font.size": 9}):
-        fig = Figure(figsize=(13, 4.2))
-        axes = fig.subplots(1, 3 if len(procs) else 2)
-        colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(step["variant"]))}
-        for (v, kind), g in step.groupby(["variant", "path"], sort=False):
-            g = g.sort_values("d_model")
-            style = {"one": "-", "ensemble": "--"}.get(kind, ":")
-            axes[0].plot(g["d_model"], g[f"{unit}_per_cpu_s"], style, marker="o", color=colors[v],
-                         label=f"{v} ({kind})")
-            if "gemm_fraction" in g:
+        fig = Figure(figsize=(14, 4.3 * len(tasks)))
+        grid = fig.subplots(len(tasks), 3, squeeze=False)
+        for task, axes in zip(tasks, grid):
+            unit = SHAPES[task].unit
+            ok = df[(df["status"] == "ok") & (df["task"] == task)]
+            step, procs = ok[ok["path"].isin(STEP_PATHS)], ok[~ok["path"].isin(STEP_PATHS)]
+            colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(step["variant"]))}
+            widths = sorted(step["d_model"].unique())
+            for (v, kind), g in step.groupby(["variant", "path"], sort=False):
+                g = g.sort_values("d_model")
+                style = {"one": "-", "ensemble": "--"}.get(kind, ":")
+                axes[0].plot(g["d_model"], g[f"{unit}_per_cpu_s"], style, marker="o", color=colors[v],
+                             label=f"{v} ({kind})")
                 axes[1].plot(g["d_model"], 100 * g["gemm_fraction"], style, marker="o", color=colors[v])
-        axes[0].set(xscale="log", yscale="log", xlabel="d_model", ylabel=f"{unit} per CPU-second",
-                    title="solid: one at a time, dashed: ensemble, dotted: compiled")
-        axes[0].set_xticks(sorted(step["d_model"].unique()), [str(d) for d in sorted(step["d_model"].unique())])
-        axes[0].legend(fontsize=7, ncol=2)
-        axes[1].set(xscale="log", xlabel="d_model", ylabel="% of the one-thread GEMM rate",
-                    title="analytic training GFLOP/s vs GEMM")
-        axes[1].set_xticks(sorted(step["d_model"].unique()), [str(d) for d in sorted(step["d_model"].unique())])
-        if len(procs):
-            labels = [f"{r.variant}\n{r.path}" for r in procs.itertuples()]
-            axes[2].bar(range(len(procs)), procs[f"{unit}_per_wall_s"], color=[colors.get(v, "C7")
-                                                                                for v in procs["variant"]])
-            axes[2].set_xticks(range(len(procs)), labels, fontsize=6)
-            axes[2].set(ylabel=f"{unit} per wall-second", title="the machine's cores")
+            axes[0].set(xscale="log", yscale="log", xlabel="d_model", ylabel=f"{unit} per CPU-second",
+                        title=f"{task}: solid one at a time, dashed ensemble, dotted compiled")
+            axes[1].set(xscale="log", xlabel="d_model", ylabel="% of the one-thread GEMM rate",
+                        title=f"{task}: analytic training GFLOP/s vs GEMM")
+            for ax in axes[:2]:
+                ax.set_xticks(widths, [str(d) for d in widths])
+                ax.minorticks_off()
+            axes[0].legend(fontsize=6, ncol=2)
+            if len(procs):
+                labels = [f"{r.variant}\n{r.path}" for r in procs.itertuples()]
+                axes[2].bar(range(len(procs)), procs[f"{unit}_per_wall_s"],
+                            color=[colors.get(v, "C7") for v in procs["variant"]])
+                axes[2].set_xticks(range(len(procs)), labels, fontsize=6)
+                axes[2].set(ylabel=f"{unit} per wall-second", title=f"{task}: the machine's two cores")
+            else:
+                axes[2].axis("off")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
@@ -387,7 +391,8 @@ def plot(df: pd.DataFrame, task: str, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.bench train --task lm|vit",
                                 description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    p.add_argument("--task", choices=TASKS, default=None, help="lm: Table 5's char-LM; vit: Table 6's ViT (required)")
+    p.add_argument("--task", choices=TASKS, nargs="+", default=None,
+                   help="lm: Table 5's char-LM; vit: Table 6's ViT; both: one table and one figure (required)")
     p.add_argument("--variants", default=DEFAULT_ARMS, help="arms (names, wildcards or the token controls)")
     p.add_argument("--d-models", type=positive_int, nargs="+", default=[32, 64, 128], help="widths (4 heads)")
     p.add_argument("--seeds", type=positive_int, default=10, help="models per case (the ensemble's size)")
@@ -414,24 +419,35 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("csv", "md", "plot"):
         if getattr(args, name) is not None:
             ensure_out_file(getattr(args, name), name, figure=name == "plot")
+    variants = select_attentions(args.variants)
+    procs = select_attentions(args.procs) if args.procs else []
+    tasks = list(dict.fromkeys(args.task))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    import torch._dynamo.config as dynamo_config
+
+    limits = (dynamo_config.cache_size_limit, dynamo_config.accumulated_cache_size_limit)
+    # every arm and width is one more compiled graph of the same forward code: room for all of them (restored)
+    dynamo_config.cache_size_limit = dynamo_config.accumulated_cache_size_limit = 1024
     try:
-        variants = select_attentions(args.variants)
-        df = measure(args.task, variants, args.d_models, args.seeds, args.steps, args.rounds, args.warmup,
-                     args.compile)
+        frames = []
+        for t in tasks:  # each task's compiled graphs on their own (a task's cases are interleaved, tasks are not)
+            torch._dynamo.reset()
+            frames.append(measure(t, variants, args.d_models, args.seeds, args.steps, args.rounds, args.warmup,
+                                  args.compile))
+        torch._dynamo.reset()
         gemm = gemm_gflops(torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
-    procs = select_attentions(args.procs) if args.procs else []
-    if procs:
-        df = pd.concat([df, measure_processes(args.task, procs, PRESET_WIDTH, args.proc_steps, args.proc_rounds,
-                                              1)], ignore_index=True)
+        dynamo_config.cache_size_limit, dynamo_config.accumulated_cache_size_limit = limits
+    frames += [measure_processes(t, procs, PRESET_WIDTH, args.proc_steps, args.proc_rounds, 1) for t in tasks
+               if procs]
+    df = pd.concat(frames, ignore_index=True)
     env = environment_record(resolve_device("cpu"), loadavg=round(os.getloadavg()[0], 2))
     env.update(gemm_gflops_1thread=round(gemm, 1), cores=os.cpu_count())
     ok = (df["status"] == "ok") & df["gflops"].notna() if "gflops" in df else df["status"] == "ok"
     df.loc[ok, "gemm_fraction"] = df.loc[ok, "gflops"] / gemm
-    md = to_markdown(df, env, args.task)
+    md = "\n".join(to_markdown(df[df["task"] == t], env, t) for t in tasks)
     print(md)
     if args.csv:
         atomic_write_csv(df, args.csv)
@@ -439,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.md:
         atomic_write_text(args.md, md)
     if args.plot:
-        plot(df, args.task, args.plot)
+        plot(df, tasks, args.plot)
     return 0
 
 
