@@ -79,6 +79,20 @@ SHAPES = {"lm": Shape("lm", 16, 64, "tok", 16 * 64, {"hidden_dims": (128, 128), 
 PRESET_WIDTH = 64
 
 
+def soft_cross_entropy(batch, output) -> torch.Tensor:
+    """Table 6's training loss: cross-entropy against the sampler's soft (label-smoothed) targets."""
+    logits = output.logits if hasattr(output, "logits") else output
+    return -(batch[-1] * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+def _soft_member_losses(batch, output, n: int) -> torch.Tensor:
+    logits = output.logits if hasattr(output, "logits") else output
+    return -(batch[-1] * torch.log_softmax(logits.float(), -1)).sum(-1).view(n, -1).mean(1)
+
+
+soft_cross_entropy.member_losses = _soft_member_losses  # one call for a grouped model's members (engine.grouped)
+
+
 class _Task:
     """A task's data (loaded once) and its models."""
 
@@ -90,15 +104,17 @@ class _Task:
             self.corpus = load_char_corpus("shakespeare")
             self._sampler = lambda seed: WindowSampler(self.corpus.train, 64, 16, seed=seed)
             self.loss_fn = lm_loss
-        else:
-            from ...engine.distributed import DistInfo
-            from ..vision.presets import PRESETS
-            from ..vision.table6_data import classification_loss, load_data
+        else:  # Table 6's decide data (vision.table6_data.load_data, built here from the data layer): the digits
+            from ...data.imagefolder import TensorImageSampler  # at 16², the 70 % training split less its 20 %
+            from ...data.images import load_digits_images, train_val_split  # validation holdout
 
-            self.data = load_data(PRESETS["decide"], holdout=0.2)
-            info = DistInfo()
-            self._sampler = lambda seed: self.data.sampler(64, seed, info)
-            self.loss_fn = classification_loss
+            full = load_digits_images(16)
+            tr = full.subset(train_val_split(len(full), 0.3, seed=0)[0])
+            tr = tr.subset(train_val_split(len(tr), 0.2, seed=1)[0])
+            self.num_classes, self.in_chans = len(tr.classes) or int(tr.labels.max()) + 1, tr.images.shape[1]
+            self._sampler = lambda seed: TensorImageSampler(tr.images, tr.labels, 64, self.num_classes, seed,
+                                                            mean=(0.5,), std=(0.5,), label_smoothing=0.1)
+            self.loss_fn = soft_cross_entropy
 
     def sampler(self, seed: int):
         return self._sampler(seed)
@@ -109,8 +125,8 @@ class _Task:
         if self.shape.task == "lm":
             return Decoder(self.corpus.vocab_size, d_model, 2, 4, attention=variant, attention_options=opts,
                            max_seq_len=64)
-        return VisionTransformer(16, 4, self.data.num_classes, d_model, 2, 4, attention=variant,
-                                 attention_options=opts, in_chans=self.data.in_chans, d_ff=2 * d_model)
+        return VisionTransformer(16, 4, self.num_classes, d_model, 2, 4, attention=variant,
+                                 attention_options=opts, in_chans=self.in_chans, d_ff=2 * d_model)
 
 
 def _cfg() -> TrainConfig:
