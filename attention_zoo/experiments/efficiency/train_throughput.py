@@ -17,8 +17,9 @@ drift hits all alike; the table gives medians over rounds:
   batch, ``grouped_step`` + ``MemberAdamW``), the path of ``--ensemble`` in the decide presets.
 
 Rows: tokens (images) per CPU-second, the analytic training GFLOP/s (3 × the forward count, ``measure.flops``)
-and its share of this CPU's one-thread fp32 GEMM rate (timed in the same process), and, for the ensemble, its
-speed-up over ``one`` (median of per-round ratios). ``--procs`` adds the machine's throughput per wall-second for
+and its share of this CPU's one-thread fp32 GEMM rate (a 2048² GEMM timed as one more case of the same rounds, so
+the share compares times taken under the same load), and, for the ensemble and the compiled path, the speed-up
+over ``one`` (median of per-round ratios). ``--procs`` adds the machine's throughput per wall-second for
 ``one`` at the preset width: two processes of one thread each, started together, against one process of two
 threads (each in fresh worker processes, rounds interleaved). An arm that cannot be grouped has no ensemble row and
 says why. Timings are only comparable on one machine; a figure (``--plot``) draws tokens per CPU-second against
@@ -50,7 +51,7 @@ from ...engine.loop import _accumulate, lm_loss, lr_factor, make_optimizer
 from ...envinfo import environment_record, resolve_device
 from ...io import atomic_write_csv, atomic_write_json, atomic_write_text
 from ...measure.flops import analytic_flops
-from ...measure.gemm import gemm_gflops
+from ...measure.gemm import GEMM_N, gemm_case
 from ...models import Decoder, VisionTransformer
 from ...registry import select_attentions, split_options
 from ...report import markdown_table
@@ -208,6 +209,9 @@ def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps
             fn(0)
         if key[2] == "one (compiled)":
             compile_s[key] = time.perf_counter() - c0
+    gemm, gemm_flop = gemm_case(torch.device("cpu"))
+    gemm()
+    gemm_rates = []
     pos = 1
     for r in range(warmup + rounds):
         for key, fns in cases.items():
@@ -218,14 +222,21 @@ def measure(task: str, variants: list[str], widths: list[int], seeds: int, steps
             cpu = (time.process_time() - c0) / (steps * seeds)  # CPU seconds per model-step
             if r >= warmup:
                 times.setdefault(key, []).append(cpu)
+        c0 = time.process_time()  # the GEMM reference, one more case of the same rounds (same load)
+        for _ in range(3):
+            gemm()
+        if r >= warmup:
+            gemm_rates.append(3 * gemm_flop / (time.process_time() - c0) / 1e9)
         pos += steps
+    gemm_rate = statistics.median(gemm_rates) if gemm_rates else float("nan")
     for (v, d, path), ts in times.items():
         med = statistics.median(ts)
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
         row = {"task": task, "variant": v, "d_model": d, "path": path, "status": "ok", "message": "",
                "ms_per_model_step": 1e3 * med, "q25_ms": 1e3 * q[0], "q75_ms": 1e3 * q[2],
                f"{shape.unit}_per_cpu_s": shape.per_batch / med, "gflops": flops[(v, d)] / med / 1e9,
-               "rounds": len(ts), "steps": steps, "seeds": seeds, "batch": shape.batch, "seq_len": shape.seq_len}
+               "rounds": len(ts), "steps": steps, "seeds": seeds, "batch": shape.batch, "seq_len": shape.seq_len,
+               "gemm_gflops": gemm_rate, "gemm_fraction": flops[(v, d)] / med / 1e9 / gemm_rate}
         if path != "one":
             one = times[(v, d, "one")]
             row["speedup_vs_one"] = statistics.median(a / b for a, b in zip(one, ts))
@@ -342,7 +353,8 @@ def to_markdown(df: pd.DataFrame, env: dict, task: str) -> str:
             "hidden (64, 64))")
     head = (f"# Training throughput of the stand-ins: {what}\n\nMachine: {env.get('device_name')} "
             f"({env.get('cores')} cores), torch {env.get('torch')}, one thread; fp32 GEMM "
-            f"{env.get('gemm_gflops_1thread')} GFLOP/s on one thread; 1-min load average {env.get('loadavg')} at the "
+            f"{env.get('gemm_gflops_1thread')} GFLOP/s on one thread (a {GEMM_N}² GEMM timed in the same rounds, "
+            f"median; each row's share uses its task's rounds); 1-min load average {env.get('loadavg')} at the "
             f"end. CPU time per model-step: median and IQR over {int(first.get('rounds', 0))} interleaved rounds of "
             f"{int(first.get('steps', 0))} steps × {int(first.get('seeds', 0))} models; `{unit}_per_cpu_s`: "
             f"{'tokens' if unit == 'tok' else 'images'} per CPU-second ({sh.per_batch} per batch); GFLOP/s: analytic "
@@ -452,7 +464,6 @@ def main(argv: list[str] | None = None) -> int:
             frames.append(measure(t, variants, args.d_models, args.seeds, args.steps, args.rounds, args.warmup,
                                   args.compile))
         torch._dynamo.reset()
-        gemm = gemm_gflops(torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
         dynamo_config.cache_size_limit, dynamo_config.accumulated_cache_size_limit = limits
@@ -460,9 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                if procs]
     df = pd.concat(frames, ignore_index=True)
     env = environment_record(resolve_device("cpu"), loadavg=round(os.getloadavg()[0], 2))
-    env.update(gemm_gflops_1thread=round(gemm, 1), cores=os.cpu_count())
-    ok = (df["status"] == "ok") & df["gflops"].notna() if "gflops" in df else df["status"] == "ok"
-    df.loc[ok, "gemm_fraction"] = df.loc[ok, "gflops"] / gemm
+    gemm = df["gemm_gflops"].dropna().median() if "gemm_gflops" in df else float("nan")
+    env.update(gemm_gflops_1thread=round(float(gemm), 1), cores=os.cpu_count())
     md = "\n".join(to_markdown(df[df["task"] == t], env, t) for t in tasks)
     print(md)
     if args.csv:
