@@ -201,19 +201,22 @@ def test_grouped_parameters_after_three_steps_and_resume(f64, tmp_path):
     """Every parameter after three AdamW steps (warm-up, clipping, per-member lr and weight decay) equals the separate
     run's; the interrupted group resumes to the uninterrupted result."""
     cfg = CFG.replace(stop_at=3, patience=0, eval_every=0)
+    # learning rates below member 1's 1.5 of the early-stopping test: there a gradient element that is zero up to
+    # round-off can take either sign, and AdamW's first steps move it by ±lr whatever its size
+    hparams = [(0, 3e-2, 0.1), (1, 1e-1, 0.0), (2, 1e-2, 0.3)]
     singles = []
-    for seed, lr, wd in HPARAMS:
+    for seed, lr, wd in hparams:
         m = _decoder("damcha", "paper", seed)
         res = train(m, cfg.replace(seed=seed, lr=lr, weight_decay=wd), _sampler(seed), tmp_path / f"one{seed}")
         assert res.status == "interrupted" and res.step == 3
         singles.append(m)
-    members = [Member(s, lr, wd, _sampler(s), tmp_path / f"grp{s}") for s, lr, wd in HPARAMS]
-    got = train_grouped([_decoder("damcha", "paper", s) for s, _, _ in HPARAMS], members, cfg, tmp_path / "group")
+    members = [Member(s, lr, wd, _sampler(s), tmp_path / f"grp{s}") for s, lr, wd in hparams]
+    got = train_grouped([_decoder("damcha", "paper", s) for s, _, _ in hparams], members, cfg, tmp_path / "group")
     assert all(r.status == "interrupted" and r.step == 3 for r in got)
     state = load_checkpoint(tmp_path / "group" / "group.pt")["net"]
     for i, m in enumerate(singles):
         for k, p in m.state_dict().items():
-            torch.testing.assert_close(state[k][i], p, rtol=1e-7, atol=1e-9, msg=k)
+            torch.testing.assert_close(state[k][i], p, rtol=1e-9, atol=1e-12, msg=k)
 
 
 def test_interrupted_group_resumes_to_the_same_result(f64, tmp_path):
