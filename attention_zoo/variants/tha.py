@@ -88,11 +88,21 @@ class TalkingHeadsAttention(AttentionBase):
         # (on the CPU; other devices run the same pipeline batched, headmix_batched.py).
         # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S].
         pre = self.pre_proj.weight * self.head_dim**-0.5
-        out = mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [self.post_proj.weight],
-                              chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
-                              mix=mix_heads, rezero_fn=rezero,  # this module's names, looked up per call
-                              workspace=self.workspace)
+        post = self.post_proj.weight
+        if pre.dim() == 2:
+            return self.out_proj(self.merge_heads(self._core(q, k, v, masks, pre, post)))
+        # a grouped ensemble (engine.ensemble): [S, H, H] mixes, one per seed's slice of the seed-major batch
+        n = q.shape[0] // pre.shape[0]
+        out = torch.cat([self._core(q[i * n:(i + 1) * n], k[i * n:(i + 1) * n], v[i * n:(i + 1) * n],
+                                    masks.for_batch(slice(i * n, (i + 1) * n)), pre[i], post[i])
+                         for i in range(pre.shape[0])])
         return self.out_proj(self.merge_heads(out))
+
+    def _core(self, q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: Tensor, post: Tensor) -> Tensor:
+        return mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [post],
+                               chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
+                               mix=mix_heads, rezero_fn=rezero,  # this module's names, looked up per call
+                               workspace=self.workspace)
 
     def compute_path(self, device: torch.device, dtype: torch.dtype) -> str:
         return "batched head-mix core" if use_batched(torch.device(device)) else "blocked head-mix core (CPU)"

@@ -45,6 +45,7 @@ import json
 import math
 import resource
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -67,6 +68,8 @@ from ...engine import (
 )
 from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...engine.ensemble import EnsembleUnsupported, group_models
+from ...engine.grouped import Member, evaluate_members, group_for_training, train_grouped
 from ...envinfo import environment_record, resolve_device, set_seed
 from ...measure.params import count_params
 from ...measure.status import free_memory, is_oom, short_message
@@ -85,9 +88,10 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
+from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units, unit_tag
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
 from ..tuning import execute_stages, tuned_cells
-from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, PRESETS, TUNING, Preset
+from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, ENSEMBLE, PRESETS, TUNING, Preset
 from .table5_report import NAME, write_report
 
 
@@ -113,6 +117,7 @@ def build_parser():
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    add_ensemble_argument(p)
     p.epilog = (f"Defaults: variants mha,dcmha,damcha (decide: {DECIDE_ARMS}; those registered); --flavour "
                 "damcha_repo runs the baselines as the paper ran them (reproduce/all.py --preset paper does). The "
                 "smoke preset uses 1 CPU thread "                "unless --threads is given. "
@@ -159,21 +164,30 @@ def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
     return Path(out) / "runs" / f"{cell['dataset']}-{cell['variant']}-{cell['flavor']}-s{cell['seed']}-{tag}"
 
 
+def build_model(cell: dict, preset: Preset, corpus) -> tuple[Decoder, dict]:
+    """The cell's model, built after ``set_seed(seed)``, and the options its attention received."""
+    opts, _ = split_options(cell["variant"], {**preset.attention_options, "flavor": cell["flavor"]})
+    set_seed(cell["seed"])
+    return Decoder(corpus.vocab_size, preset.d_model, preset.n_layers, preset.n_heads, attention=cell["variant"],
+                   attention_options=opts, max_seq_len=preset.context, dropout=preset.dropout), opts
+
+
+def _evaluators(preset: Preset, corpus) -> dict:
+    return {split: {name: WindowEvaluator(arr, preset.context, preset.eval_batch_size, preset.eval_stride)
+                    for name, arr in getattr(corpus, split).items()} for split in ("val", "test")}
+
+
 def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInfo, run_dir: Path,
              final_eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
     """Train one cell (resuming if its directory has a checkpoint, unless ``fresh``: then from scratch, the old
     checkpoints discarded) and evaluate it; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
-    opts, _ = split_options(variant, {**preset.attention_options, "flavor": flavor})
     if "phase" in cell:  # a tuned preset: the cell names its setting
         cfg = cfg.replace(lr=cell["lr"], weight_decay=cell["weight_decay"])
-    set_seed(seed)
-    model = Decoder(corpus.vocab_size, preset.d_model, preset.n_layers, preset.n_heads, attention=variant,
-                    attention_options=opts, max_seq_len=preset.context, dropout=preset.dropout)
+    model, opts = build_model(cell, preset, corpus)
     params = count_params(model)
     sampler = WindowSampler(corpus.train, preset.context, cfg.batch_size, seed=seed)
-    evaluators = {split: {name: WindowEvaluator(arr, preset.context, preset.eval_batch_size, preset.eval_stride)
-                          for name, arr in getattr(corpus, split).items()} for split in ("val", "test")}
+    evaluators = _evaluators(preset, corpus)
     reset_ok = _reset_peak(info.device)
     base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
     if fresh and info.is_main:
@@ -189,11 +203,39 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                 resume=None if fresh else "auto", info=info, meta={"cell": cell, "attention_options": opts},
                 desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}", budget_fracs=fracs,
                 budget_score=test_losses if fracs else None)
-    common = {"attention_options": json.dumps(opts, default=str), "context": preset.context,
-              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
     if res.status == "interrupted":
         return [], res
-    mem_metric, mem = _peak(info.device, reset_ok)
+    if res.status == "ok" and cfg.patience:  # early stopping: every score is the best validation checkpoint's
+        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
+
+    def losses_of(split: str) -> dict[str, float]:
+        reused = budget_scores_at_best(res, cfg) if split == "test" else None
+        if reused is not None:  # a budget fraction scored this very checkpoint: its test losses stand
+            return {name: reused[name] for name in evaluators[split]}
+        return {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp)
+                for name, ev in evaluators[split].items()}
+
+    return cell_result_rows(cell, corpus, cfg, info, res, model, params, opts, evaluators, final_eval_batches, fracs,
+                            _peak(info.device, reset_ok), base_rss, losses_of), res
+
+
+def budget_scores_at_best(res: TrainResult, cfg: TrainConfig) -> dict | None:
+    """The budget scores of the run's best checkpoint when a budget fraction scored exactly it (early stopping: the
+    scored weights are the best checkpoint's), else None."""
+    if not cfg.patience or not res.budget:
+        return None
+    return next((sc for step, sc in res.budget.values() if step == res.best_step), None)
+
+
+def cell_result_rows(cell, corpus, cfg, info, res, model, params, opts, evaluators, final_eval_batches, fracs, peak,
+                     base_rss, losses_of, extra: dict | None = None) -> list[dict]:
+    """A trained cell's rows: throughput, memory, sizes, the time spent evaluating, and the final validation/test
+    losses that ``losses_of(split) -> {eval set: loss}`` computes at the scored weights (the best validation
+    checkpoint under early stopping)."""
+    t_final = time.perf_counter()
+    common = {"attention_options": json.dumps(opts, default=str), "context": model.max_seq_len,
+              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": "", **(extra or {})}
+    mem_metric, mem = peak
     rows = [{"metric": "tokens_per_s", "value": res.tokens_per_s, "unit": "tok/s"},
             {"metric": "train_time_s", "value": res.train_time_s, "unit": "s"},
             {"metric": "tokens_seen", "value": res.tokens_seen, "unit": "tokens"},
@@ -207,15 +249,14 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
         common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
         metric = "val_loss" if cell.get("phase") == "tune" else "test_loss"
         rows.append({"metric": metric, "value": float("nan"), "unit": "nats", "eval_set": cell["dataset"]})
-        return [{**common, **r} for r in rows], res
-    if cfg.patience:  # early stopping: every score is the best validation checkpoint's
-        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
+        return [{**common, **r} for r in rows]
+    if cfg.patience:
         rows += [{"metric": "best_step", "value": res.best_step, "unit": "steps"},
                  {"metric": "steps_run", "value": res.step, "unit": "steps"}]
     for split, sets in evaluators.items():
         if split == "test" and cell.get("phase") == "tune":  # tuning reads validation only
             continue
-        losses = {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp) for name, ev in sets.items()}
+        losses = losses_of(split)
         if len(losses) > 1:  # mix: the 50/50 mixture's figure is the mean of its parts
             losses[cell["dataset"]] = sum(losses.values()) / len(losses)
         for name, loss in losses.items():
@@ -234,7 +275,84 @@ def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInf
                 best_step, scores = (res.budget or {}).get(f, (res.best_step, losses))
                 rows.append({"metric": "test_loss@budget", "budget": f, "value": scores[cell["dataset"]],
                              "unit": "nats", "eval_set": cell["dataset"], "best_step_so_far": best_step})
-    return [{**common, **r} for r in rows], res
+    rows += [{"metric": "eval_time_s", "value": res.eval_time_s, "unit": "s"},  # while training: validation, budgets
+             {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
+    return [{**common, **r} for r in rows]
+
+
+def grouped_unit(unit: list[dict], preset: Preset, corpus, cfg: TrainConfig, info: DistInfo, out: Path,
+                 context: dict, final_eval_batches: int | None, fresh: bool = False):
+    """Train the cells of ``unit`` (one arm, one phase) as one grouped model (``engine.grouped``); returns
+    ([(rows, result)] per cell, "") or (None, the reason it cannot be grouped: the caller runs the cells one by
+    one). A result with status ``interrupted`` means the group checkpointed and stops (resumable)."""
+    if info.distributed:
+        return None, "DDP: one cell at a time"
+    built = [build_model(c, preset, corpus) for c in unit]
+    models = [m for m, _ in built]
+    samplers = [WindowSampler(corpus.train, preset.context, cfg.batch_size, seed=c["seed"]) for c in unit]
+    try:
+        grouped = group_for_training(models, (samplers[0](0)[0][:2],))
+    except EnsembleUnsupported as exc:
+        return None, str(exc)
+    params = [count_params(m) for m in models]
+    evaluators = _evaluators(preset, corpus)
+    run_dirs = [run_dir_of(out, c, context) for c in unit]
+    group_dir = Path(out) / "runs" / f"group-{unit[0]['variant']}-{unit[0].get('phase', 'seeds')}-{unit_tag(unit)}"
+    if fresh:
+        for d in run_dirs:
+            discard_run(d)
+        (group_dir / "group.pt").unlink(missing_ok=True)
+    phase = unit[0].get("phase")
+    fracs = BUDGET_FRACS.get(unit[0]["preset"], ()) if phase != "tune" else ()
+    ds = unit[0]["dataset"]
+
+    def test_losses(net) -> list[dict[str, float]]:
+        per = {name: evaluate_members(net, ev(final_eval_batches), amp=cfg.amp)
+               for name, ev in evaluators["test"].items()}
+        return [{**{n: v[i] for n, v in per.items()}, ds: sum(v[i] for v in per.values()) / len(per)}
+                for i in range(len(next(iter(per.values()))))]
+
+    members = [Member(c["seed"], c.get("lr", cfg.lr) if "phase" in c else cfg.lr,
+                      c.get("weight_decay", cfg.weight_decay) if "phase" in c else cfg.weight_decay,
+                      smp, d, {"cell": c, "attention_options": o}) for c, (_, o), smp, d in zip(unit, built, samplers,
+                                                                                                 run_dirs)]
+    reset_ok = _reset_peak(info.device)
+    base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
+    results = train_grouped(models, members, cfg, group_dir, eval_sets=evaluators["val"], device=info.device,
+                            resume=not fresh, budget_fracs=fracs, budget_score=test_losses if fracs else None,
+                            desc=f"{ds}/{unit[0]['variant']}/{unit[0]['flavor']} x{len(unit)}", grouped=grouped)
+    if any(r.status == "interrupted" for r in results):
+        return [([], r) for r in results], ""
+    peak = _peak(info.device, reset_ok)
+    scored = [i for i, r in enumerate(results) if r.status == "ok"]
+    for i in scored:  # early stopping: every score is the best validation checkpoint's
+        if cfg.patience:
+            models[i].load_state_dict(strip_prefixes(load_checkpoint(results[i].checkpoint)["model"]))
+    finals: dict[str, dict[str, list[float]]] = {}
+    t_final = time.perf_counter()
+    if scored:  # the members' final scores, one grouped forward per batch
+        net = group_models([models[i] for i in scored]).to(info.device)
+        for split in ("val", "test"):
+            if split == "test" and phase == "tune":
+                continue
+            finals[split] = {name: evaluate_members(net, ev(final_eval_batches), amp=cfg.amp)
+                             for name, ev in evaluators[split].items()}
+    final_share = (time.perf_counter() - t_final) / max(1, len(scored))
+    out_rows = []
+    for i, (c, res) in enumerate(zip(unit, results)):
+        cfg_i = cfg.replace(lr=members[i].lr, weight_decay=members[i].weight_decay)
+        k = scored.index(i) if i in scored else None
+
+        def losses_of(split, k=k):
+            return {name: v[k] for name, v in finals[split].items()}
+
+        rows = cell_result_rows(c, corpus, cfg_i, info, res, models[i], params[i], built[i][1], evaluators,
+                                final_eval_batches, fracs, peak, base_rss, losses_of, ensemble_columns(len(unit)))
+        for r in rows:  # the group's final scoring, shared by the members it scored
+            if r["metric"] == "final_eval_time_s":
+                r["value"] = final_share if k is not None else 0.0
+        out_rows.append((rows, res))
+    return out_rows, ""
 
 
 def run(args) -> int:
@@ -242,8 +360,8 @@ def run(args) -> int:
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
     if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best
         return execute_stages(lambda: staged_plan(args), args, NAME)
-    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
-        return execute(plan(args), args, NAME)
+    if args.launcher == "submitit" or args.dry_run or ensemble_on(args, ENSEMBLE):  # the protocol's plan: the
+        return execute(plan(args), args, NAME)  # cluster's units, the dry run's, or the grouped seeds' units
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
@@ -264,7 +382,8 @@ def _setup(args, info: DistInfo):
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
     tuning = TUNING.get(args.preset)
     context = run_context(args, info.device,
-                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs"),
+                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs",
+                                     "ensemble"),
                           train_config=result_identity(cfg.to_dict()), preset=asdict(preset),
                           **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}),
                           **({"budget_fracs": BUDGET_FRACS[args.preset]} if args.preset in BUDGET_FRACS else {}))
@@ -334,9 +453,24 @@ def _finish(out, store, env, args) -> int:
 
 
 def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
-    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    """A work unit (protocol.Plan.work; a cluster job or a local worker): one process, no DDP. With ``--ensemble``
+    a unit of several cells (one arm, one phase) trains as one grouped model where the arm allows it, else cell by
+    cell; the rows say which (``ensemble_units``)."""
     info = DistInfo(device=resolve_device(args.device))
     preset, _, cfg, final_batches, _, out, _, context = _setup(args, info)
+    extra = {}
+    if ensemble_on(args, ENSEMBLE):
+        corpus = load_char_corpus(unit[0]["dataset"], args.data_dir, args.download)
+        got, reason = (grouped_unit(unit, preset, corpus, cfg, info, out, context, final_batches, args.fresh)
+                       if len(unit) > 1 else (None, "one cell in its unit"))
+        if got is not None:
+            if any(res.status == "interrupted" for _, res in got):
+                return None
+            if not args.keep_checkpoints:
+                for key in unit:
+                    prune_checkpoints(run_dir_of(out, key, context))
+            return [rows for rows, _ in got]
+        extra = ensemble_columns(1, reason)
     rows_out = []
     for key in unit:
         corpus = load_char_corpus(key["dataset"], args.data_dir, args.download)
@@ -345,7 +479,7 @@ def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
             return None
         if not args.keep_checkpoints:
             prune_checkpoints(run_dir)
-        rows_out.append(rows)
+        rows_out.append([{**r, **extra} for r in rows])
     return rows_out
 
 
@@ -366,12 +500,14 @@ def staged_plan(args) -> tuple[Plan, int]:
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     threads = args.threads or preset.threads or 1
-    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+    units = ensemble_units(cells) if ensemble_on(args, ENSEMBLE) else [[c] for c in cells]
+    return Plan(store, units, functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
                 workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
                 worker_init=functools.partial(torch.set_num_threads, threads),
                 describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']}"
-                                   f"{'/' + u[0]['phase'] if 'phase' in u[0] else ''} s{u[0]['seed']}"), len(waiting)
+                                   f"{'/' + u[0]['phase'] if 'phase' in u[0] else ''} s{u[0]['seed']}"
+                                   f"{f' (+{len(u) - 1} grouped)' if len(u) > 1 else ''}"), len(waiting)
 
 
 @experiment_main

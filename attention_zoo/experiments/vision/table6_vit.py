@@ -42,6 +42,7 @@ import functools
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -60,6 +61,8 @@ from ...engine import (
 )
 from ...engine.checkpoint import load_checkpoint, strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
+from ...engine.ensemble import EnsembleUnsupported, group_models
+from ...engine.grouped import Member, group_for_training, train_grouped
 from ...envinfo import environment_record, resolve_device, set_seed
 from ...measure.params import count_params
 from ...models import VisionTransformer
@@ -76,10 +79,18 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
+from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units, unit_tag
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
 from ..tuning import Tuning, execute_stages, tuned_cells
 from .presets import PRESETS, Preset
-from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
+from .table6_data import (  # noqa: F401
+    ImageData,
+    classification_loss,
+    evaluate_topk,
+    evaluate_topk_members,
+    load_data,
+    topk_correct,
+)
 from .table6_report import NAME, write_report
 
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
@@ -91,6 +102,9 @@ PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the
 # Fractions of a final cell's step budget at which its test top-1 is read at the best validation checkpoint so far
 # (the same run seen at smaller budgets); 1.0 is the run's own result.
 BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
+# Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
+# ``--no-ensemble`` override): empty until the decide preset is rerun with it.
+ENSEMBLE: frozenset[str] = frozenset()
 
 
 def build_parser():
@@ -123,6 +137,7 @@ def build_parser():
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    add_ensemble_argument(p)
     p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines as "
                 "the paper ran them (reproduce/all.py --preset paper does). "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
@@ -165,17 +180,22 @@ def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
                                  f"-s{cell['seed']}-{tag}")
 
 
+def build_model(cell: dict, preset: Preset, data: ImageData, attn_options: dict) -> tuple[VisionTransformer, dict]:
+    """The cell's model, built after ``set_seed(seed)``, and the options its attention received."""
+    opts, _ = split_options(cell["variant"], {**preset.attention_options, **attn_options, "flavor": cell["flavor"]})
+    set_seed(cell["seed"])
+    return VisionTransformer(preset.image_size, preset.patch_size, data.num_classes, preset.d_model, preset.n_layers,
+                             preset.n_heads, attention=cell["variant"], attention_options=opts,
+                             in_chans=data.in_chans, d_ff=preset.d_ff, dropout=preset.dropout), opts
+
+
 def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info: DistInfo, run_dir: Path,
              attn_options: dict, eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
     """Train one cell (resuming from its directory's checkpoint, unless ``fresh``: then from scratch, the old
     checkpoints discarded) and measure top-1/top-5; returns (rows, result)."""
     variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
-    opts, _ = split_options(variant, {**preset.attention_options, **attn_options, "flavor": flavor})
     phase = cell.get("phase")  # a tuned preset: early stopping and tuning on the validation split carved for it
-    set_seed(seed)
-    model = VisionTransformer(preset.image_size, preset.patch_size, data.num_classes, preset.d_model, preset.n_layers,
-                              preset.n_heads, attention=variant, attention_options=opts, in_chans=data.in_chans,
-                              d_ff=preset.d_ff, dropout=preset.dropout)
+    model, opts = build_model(cell, preset, data, attn_options)
     params = count_params(model)
     sampler, evaluator = data.sampler(cfg.batch_size, seed, info), data.evaluator(preset.eval_batch_size, info)
     validator = data.validator(preset.eval_batch_size, info) if phase else evaluator
@@ -183,8 +203,8 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         discard_run(run_dir)
     fracs = BUDGET_FRACS.get(cell["preset"], ()) if phase and phase != "tune" else ()  # tuning: validation only
 
-    def test_top1(net) -> dict[str, float]:
-        return {"top1": evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)["top1"]}
+    def test_top1(net) -> dict[str, float]:  # every score, so that a final checkpoint scored here is not re-scored
+        return evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)
 
     try:
         res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": validator},
@@ -196,9 +216,30 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         sampler.close()
     if res.status == "interrupted":
         return [], res
+    if phase and res.status == "ok":  # scored at the best validation checkpoint
+        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
+
+    def scores_of(split: str) -> dict[str, float]:
+        reused = next((sc for step, sc in (res.budget or {}).values() if step == res.best_step and "top5" in sc),
+                      None) if split == "test" and phase else None
+        if reused is not None:  # a budget fraction scored this very checkpoint (the best one): its scores stand
+            return reused
+        return evaluate_topk(model, (validator(None) if split == "val" else evaluator(eval_batches)), info,
+                             amp=cfg.amp)
+
+    return cell_result_rows(cell, preset, data, cfg, info, res, params, opts, fracs, scores_of), res
+
+
+def cell_result_rows(cell, preset, data, cfg, info, res, params, opts, fracs, scores_of, extra: dict | None = None
+                     ) -> list[dict]:
+    """A trained cell's rows; ``scores_of(split)`` gives ``evaluate_topk``'s scores of the scored weights (the best
+    validation checkpoint in a tuned preset) on the validation ("val") or the evaluation ("test") split."""
+    phase = cell.get("phase")
+    t_final = time.perf_counter()
+    timing = [{"metric": "eval_time_s", "value": res.eval_time_s, "unit": "s"}]  # while training
     common = {"attention_options": json.dumps(opts, default=str), "image_size": preset.image_size,
               "patch_size": preset.patch_size, "batch_size": cfg.batch_size, "steps_per_epoch": cell["steps_per_epoch"],
-              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
+              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": "", **(extra or {})}
     rows = [{"metric": "images_per_s", "value": res.tokens_per_s, "unit": "img/s"},
             {"metric": "train_time_s", "value": res.train_time_s, "unit": "s"},
             {"metric": "params", "value": params["total_params"], "unit": "params"},
@@ -207,17 +248,17 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
         rows += [{"metric": m, "value": math.nan, "unit": "%"} for m in (("val_loss",) if phase == "tune" else
                                                                           ("top1", "top5"))]
-        return [{**common, **r} for r in rows], res
+        return [{**common, **r} for r in rows]
     if phase:  # scored at the best validation checkpoint; a tuning cell never reads the test split
-        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
-        val = evaluate_topk(model, validator(None), info, amp=cfg.amp)
+        val = scores_of("val")
         rows += [{"metric": "val_loss", "value": val["loss"], "unit": "nats", "n_eval": val["n"]},
                  {"metric": "val_top1", "value": val["top1"], "unit": "%", "n_eval": val["n"]},
                  {"metric": "best_step", "value": res.best_step, "unit": "steps"},
                  {"metric": "steps_run", "value": res.step, "unit": "steps"}]
         if phase == "tune":
-            return [{**common, **r} for r in rows], res
-    acc = evaluate_topk(model, evaluator(eval_batches), info, amp=cfg.amp)
+            rows += [*timing, {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
+            return [{**common, **r} for r in rows]
+    acc = scores_of("test")
     rows += [{"metric": "top1", "value": acc["top1"], "unit": "%", "n_eval": acc["n"]},
              {"metric": "top5", "value": acc["top5"], "unit": "%", "n_eval": acc["n"]},
              {"metric": "test_loss" if phase else "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
@@ -227,7 +268,77 @@ def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info
         best_step, scores = (res.budget or {}).get(f, (res.best_step, acc))
         rows.append({"metric": "top1@budget", "budget": f, "value": scores["top1"], "unit": "%", "n_eval": acc["n"],
                      "best_step_so_far": best_step})
-    return [{**common, **r} for r in rows], res
+    rows += [*timing, {"metric": "final_eval_time_s", "value": time.perf_counter() - t_final, "unit": "s"}]
+    return [{**common, **r} for r in rows]
+
+
+def grouped_unit(unit: list[dict], preset: Preset, data: ImageData, cfgs: list[TrainConfig], info: DistInfo,
+                 out: Path, context: dict, attn_options: dict, eval_batches: int | None, fresh: bool = False):
+    """Train the cells of ``unit`` (one arm, one phase; ``cfgs`` their TrainConfigs, equal but for lr and weight
+    decay) as one grouped model (``engine.grouped``); ([(rows, result)] per cell, "") or (None, why it cannot be
+    grouped: the caller runs the cells one by one)."""
+    if info.distributed:
+        return None, "DDP: one cell at a time"
+    cfg = cfgs[0]
+    if any(c.replace(lr=cfg.lr, weight_decay=cfg.weight_decay, min_lr_ratio=cfg.min_lr_ratio) != cfg for c in cfgs):
+        return None, "the cells' training configurations differ beyond lr, weight decay and cosine floor"
+    built = [build_model(c, preset, data, attn_options) for c in unit]
+    models = [m for m, _ in built]
+    phase = unit[0].get("phase")
+    samplers = [data.sampler(cfg.batch_size, c["seed"], info) for c in unit]
+    try:
+        try:
+            grouped = group_for_training(models, (samplers[0](0)[0][:2],))
+        except EnsembleUnsupported as exc:
+            return None, str(exc)
+        evaluator = data.evaluator(preset.eval_batch_size, info)
+        validator = data.validator(preset.eval_batch_size, info) if phase else evaluator
+        params = [count_params(m) for m in models]
+        run_dirs = [run_dir_of(out, c, context) for c in unit]
+        group_dir = Path(out) / "runs" / f"group-{unit[0]['variant']}-{phase or 'seeds'}-{unit_tag(unit)}"
+        if fresh:
+            for d in run_dirs:
+                discard_run(d)
+            (group_dir / "group.pt").unlink(missing_ok=True)
+        fracs = BUDGET_FRACS.get(unit[0]["preset"], ()) if phase and phase != "tune" else ()
+        members = [Member(c["seed"], k.lr, k.weight_decay, smp, d, {"cell": c, "attention_options": o}, k.min_lr_ratio)
+                   for c, k, (_, o), smp, d in zip(unit, cfgs, built, samplers, run_dirs)]
+
+        def test_top1(net) -> list[dict[str, float]]:
+            return evaluate_topk_members(net, evaluator(eval_batches), amp=cfg.amp)
+
+        results = train_grouped(models, members, cfg, group_dir, eval_sets={"val": validator},
+                                loss_fn=classification_loss, device=info.device, resume=not fresh,
+                                budget_fracs=fracs, budget_score=test_top1 if fracs else None,
+                                desc=f"{unit[0]['variant']}/{unit[0]['flavor']} x{len(unit)}", grouped=grouped)
+    finally:
+        for smp in samplers:
+            smp.close()
+    if any(r.status == "interrupted" for r in results):
+        return [([], r) for r in results], ""
+    scored = [i for i, r in enumerate(results) if r.status == "ok"]
+    finals: dict[str, list[dict]] = {}
+    t_final = time.perf_counter()
+    if scored:
+        if phase:  # every score is the best validation checkpoint's
+            for i in scored:
+                models[i].load_state_dict(strip_prefixes(load_checkpoint(results[i].checkpoint)["model"]))
+        net = group_models([models[i] for i in scored]).to(info.device)
+        if phase:
+            finals["val"] = evaluate_topk_members(net, validator(None), amp=cfg.amp)
+        if phase != "tune":
+            finals["test"] = evaluate_topk_members(net, evaluator(eval_batches), amp=cfg.amp)
+    final_share = (time.perf_counter() - t_final) / max(1, len(scored))
+    out_rows = []
+    for i, (c, res) in enumerate(zip(unit, results)):
+        k = scored.index(i) if i in scored else None
+        rows = cell_result_rows(c, preset, data, cfgs[i], info, res, params[i], built[i][1], fracs,
+                                lambda split, k=k: finals[split][k], ensemble_columns(len(unit)))
+        for r in rows:  # the group's final scoring, shared by the members it scored
+            if r["metric"] == "final_eval_time_s":
+                r["value"] = final_share if k is not None else 0.0
+        out_rows.append((rows, res))
+    return out_rows, ""
 
 
 def run(args) -> int:
@@ -235,8 +346,8 @@ def run(args) -> int:
     setup_threads(args.threads or PRESETS[args.preset].threads)
     if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best (and the shared setting)
         return execute_stages(lambda: staged_plan(args), args, NAME)
-    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
-        return execute(plan(args), args, NAME)
+    if args.launcher == "submitit" or args.dry_run or ensemble_on(args, ENSEMBLE):  # the protocol's plan: the
+        return execute(plan(args), args, NAME)  # cluster's units, the dry run's, or the grouped seeds' units
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
@@ -253,7 +364,7 @@ def _setup(args, info: DistInfo):
                              n_val=data.n_val)
     tuning = TUNING.get(args.preset)
     context = run_context(args, info.device,
-                          selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs"),
+                          selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs", "ensemble"),
                           preset=asdict(preset), train_overrides=result_identity(overrides),
                           **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"},
                               "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset],
@@ -338,19 +449,33 @@ def _finish(out, store, env, args) -> int:
 
 
 def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
-    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    """A work unit (protocol.Plan.work; a cluster job or a local worker): one process, no DDP. With ``--ensemble``
+    a unit of several cells (one arm, one phase) trains as one grouped model where the arm allows it, else cell by
+    cell; the rows say which (``ensemble_units``)."""
     info = DistInfo(device=resolve_device(args.device))
     preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
+    cfgs = [_config(args, preset, overrides, data, batch, key) for key in unit]
+    extra = {}
+    if ensemble_on(args, ENSEMBLE):
+        got, reason = (grouped_unit(unit, preset, data, cfgs, info, out, context, attn_options, args.eval_batches,
+                                    args.fresh) if len(unit) > 1 else (None, "one cell in its unit"))
+        if got is not None:
+            if any(res.status == "interrupted" for _, res in got):
+                return None
+            if not args.keep_checkpoints:
+                for key in unit:
+                    prune_checkpoints(run_dir_of(out, key, context))
+            return [rows for rows, _ in got]
+        extra = ensemble_columns(1, reason)
     rows_out = []
-    for key in unit:
+    for key, cfg in zip(unit, cfgs):
         run_dir = run_dir_of(out, key, context)
-        rows, res = run_cell(key, preset, data, _config(args, preset, overrides, data, batch, key), info, run_dir,
-                             attn_options, args.eval_batches, args.fresh)
+        rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches, args.fresh)
         if res.status == "interrupted":
             return None
         if not args.keep_checkpoints:
             prune_checkpoints(run_dir)
-        rows_out.append(rows)
+        rows_out.append([{**r, **extra} for r in rows])
     return rows_out
 
 
@@ -372,12 +497,14 @@ def staged_plan(args) -> tuple[Plan, int]:
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     threads = args.threads or preset.threads or 1
-    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+    units = ensemble_units(cells) if ensemble_on(args, ENSEMBLE) else [[c] for c in cells]
+    return Plan(store, units, functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
                 workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
                 worker_init=functools.partial(torch.set_num_threads, threads),
                 describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']}{'/' + u[0]['phase'] if 'phase' in u[0] else ''}"
-                                   f" e{u[0]['epochs']} s{u[0]['seed']}"), len(waiting)
+                                   f" e{u[0]['epochs']} s{u[0]['seed']}"
+                                   f"{f' (+{len(u) - 1} grouped)' if len(u) > 1 else ''}"), len(waiting)
 
 
 @experiment_main
