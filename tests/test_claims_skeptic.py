@@ -14,7 +14,7 @@ import pandas as pd
 from attention_zoo.claims import CLAIMS, decide, get_claim, stats
 from attention_zoo.claims.data import StoreRows, by_phase
 from attention_zoo.claims.table import count_line
-from attention_zoo.claims.verdicts import ALPHA, seeds_to_detect
+from attention_zoo.claims.verdicts import ALPHA, seeds_to_detect  # re-exported there from claims.scrutiny
 
 N = 10
 
