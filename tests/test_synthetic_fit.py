@@ -132,11 +132,11 @@ def test_decide_preset_grid_and_arms():
     assert tuning.seeds == tuple(range(10)) and not set(tuning.tune_seeds) & set(tuning.seeds)
     cells = exp.build_cells(args, exp.PRESETS["decide"], "decide", tuning, [])  # nothing tuned yet
     arms = {c["variant"] for c in cells}
-    assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm"}
+    assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm", "mha_sep"}
     final = [c for c in cells if c["phase"] == "tuned"]
     assert {c["lam"] for c in final if c["task"] == "regression"} == {0.0, 0.2, 0.6, 1.0}
     assert {c["d_e"] for c in final if c["task"] == "classification"} == {4, 8, 12, 16, 20}
-    assert {c["seed"] for c in final} == set(range(10)) and len(final) == 9 * 6 * 10
+    assert {c["seed"] for c in final} == set(range(10)) and len(final) == 9 * 7 * 10
     assert all(c["lr"] is None for c in final)  # waiting for their arm's tuning
     tune = [c for c in cells if c["phase"] == "tune"]
     assert {(c["task"], c["lam"], c["d_e"]) for c in tune} == {("regression", 1.0, 8), ("classification", None, 12)}

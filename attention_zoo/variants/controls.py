@@ -36,6 +36,7 @@ from .base import AttentionBase, Masks, Rotary, StackShare, check_positive_int
 from .damcha import MBasedAttention
 from .damcha_generator import MetricConfig, token_context
 from .mha import MultiHeadAttention
+from .seed_axis import by_seed, seeds_of
 
 DEFAULT_HIDDEN = MetricConfig().hidden_dims  # DAMCHA's default generator widths
 
@@ -307,6 +308,7 @@ class SeparateTowersAttention(AttentionBase):
     fused_kernel = True
     subspace_towers = True
     flavors = ("paper",)
+    ensemble_parameters = ("w_qkv", "w_out", "b_qkv", "b_out")  # may carry a seed axis (engine.ensemble)
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
                  flavor: str = "paper", bias: bool = True, max_seq_len: int | None = None):
@@ -319,15 +321,17 @@ class SeparateTowersAttention(AttentionBase):
         self.b_out = nn.Parameter(torch.zeros(H, d)) if bias else None
 
     def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
-        xs = x.unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, d)
-        qkv = torch.einsum("bthd,hde->bhte", xs, self.w_qkv)  # (B, H, T, 3d)
+        S = seeds_of(self.w_qkv, 3) or 1  # a grouped ensemble: S seeds' weights, the batch seed-major [S·B, ...]
+        w_qkv, w_out = self.w_qkv.reshape(S, *self.w_qkv.shape[-3:]), self.w_out.reshape(S, *self.w_out.shape[-3:])
+        xs = by_seed(x.unflatten(-1, (self.n_heads, self.head_dim)), S)  # (S, B, T, H, d)
+        qkv = torch.einsum("sbthd,shde->sbhte", xs, w_qkv)  # (S, B, H, T, 3d)
         if self.b_qkv is not None:
-            qkv = qkv + self.b_qkv[:, None, :]
-        q, k, v = qkv.chunk(3, dim=-1)  # (B, H, T, d) each
-        out = torch.einsum("bhtd,hde->bthe", self.sdpa(q, k, v, masks), self.w_out)  # (B, T, H, d)
+            qkv = qkv + self.b_qkv.reshape(S, 1, self.n_heads, 1, -1)
+        q, k, v = qkv.flatten(0, 1).chunk(3, dim=-1)  # (S·B, H, T, d) each
+        out = torch.einsum("sbhtd,shde->sbthe", by_seed(self.sdpa(q, k, v, masks), S), w_out)  # (S, B, T, H, d)
         if self.b_out is not None:
-            out = out + self.b_out
-        return out.flatten(-2)  # (B, T, D)
+            out = out + self.b_out.reshape(S, 1, 1, self.n_heads, -1)
+        return out.flatten(0, 1).flatten(-2)  # (S·B, T, D)
 
     def analytic_params(self) -> int:
         D, H = self.d_model, self.n_heads
