@@ -72,7 +72,7 @@ def test_table6_decide_declares_its_grid_arms_and_splits(capsys):
     data = load_data(t6.PRESETS["decide"], holdout=t6.VAL_HOLDOUT["decide"])
     assert data.validator is not None and data.n_train + data.n_val < 1797  # the validation split is carved out
     assert t6.main(["--preset", "decide", "--dry-run", "--out", "/nonexistent/t6"]) == 0
-    assert "would run: 192" in capsys.readouterr().out  # 6 arms × (12 tuning + 10 tuned + 10 shared)
+    assert "would run: 222" in capsys.readouterr().out  # 6 arms × (12 tuning + 10 tuned + 10 shared + 5 runner-up)
 
 
 def test_table6_tiny_decide_tunes_on_validation_then_runs_the_seeds_at_the_choice(tmp_path, monkeypatch):
@@ -108,19 +108,25 @@ def test_generation_decide_presets_declare_their_grid_arms_and_held_out_scoring(
     from attention_zoo.experiments.generation.data import DataOptions, load_data
 
     tuning = decide.TUNING
-    assert len(tuning.lrs) == 4 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
+    assert len(tuning.lrs) == 3 and len(tuning.weight_decays) == 2 and len(tuning.tune_seeds) == 2
     assert min(tuning.lrs) < 2e-3 < max(tuning.lrs)  # the smoke setting lies inside the grid, not on its edge
     assert tuning.seeds == tuple(range(10)) and 0.0 in tuning.weight_decays  # the authors' weight decay
+    assert tuning.extend >= 1 and len(tuning.runner_up_seeds) >= 5  # edges extended; the robustness column's seeds
     assert t1.DECIDE_ARMS.split(",") == ["mha", "tha", "dcmha", "colmha", "mma", "moa", "damcha", "mha_ctx",
-                                         "damcha_bm"]
+                                         "mha_pm", "mha_cm"]
     p = PRESETS["decide"]
-    for train in (p.image_train, p.text_train):
-        assert train["patience"] and train["eval_every"] and train["max_steps"] >= 600
+    for train in (p.image_train, p.text_train):  # a plateau at a constant lr; max_steps a cap
+        assert train["patience"] and train["eval_every"] and train["max_steps"] >= 4000
+        assert train["min_lr_ratio"] == 1.0
+    assert p.budget_fracs == (0.125, 0.25, 0.5, 1.0) and p.scored_fraction >= 0.5
     for mod in (t1, t3, t4):
         assert mod.build_parser().parse_args(["--preset", "decide"]).seeds == list(range(10))
-    whole, held = (load_data("concepts", DataOptions(scored_holdout=h)) for h in (False, True))
-    assert len(held.val_set) == len(whole.val_set) // 2  # selection reads the first half only
-    assert held.eval_pairs[0] != whole.eval_pairs[0]  # the scored items come from the second half
+    whole, held = (load_data("concepts", DataOptions(scored_holdout=h, scored_fraction=p.scored_fraction if h
+                                                     else None)) for h in (False, True))
+    assert len(held.val_set) + len(held.heldout_set) == len(whole.val_set)  # selection and scoring never overlap
+    assert held.eval_pairs[0] != whole.eval_pairs[0]  # the scored items come from the later part
+    digits = load_data("digits", DataOptions(scored_holdout=True, scored_fraction=p.scored_fraction))
+    assert len(digits.heldout_set) >= 300 and len(held.heldout_set) >= 300  # every scored item, not 64
 
 
 def test_table1_tiny_decide_runs_the_grid_then_the_choice(tmp_path, monkeypatch):
@@ -140,6 +146,9 @@ def test_table1_tiny_decide_runs_the_grid_then_the_choice(tmp_path, monkeypatch)
     assert all({r["metric"] for r in c["rows"]} == {"val_loss"} for c in tune)  # nothing scored on held-out items
     val = {c["cell"]["lr"]: c["rows"][0]["value"] for c in tune}
     assert {c["cell"]["lr"] for c in final} == {min(val, key=val.get)}
-    assert all({"mse", "trivial_val_loss"} <= {r["metric"] for r in c["rows"]} for c in final)
+    assert all({"mse", "mse_q90", "mse_se", "n_scored", "trivial_val_loss", "steps_run", "best_step", "max_steps",
+                "mse@budget"} <= {r["metric"] for r in c["rows"]} for c in final)
+    assert all(sorted(r["budget"] for r in c["rows"] if r["metric"] == "mse@budget") == [0.125, 0.25, 0.5, 1.0]
+               for c in final)
     md = (tmp_path / "table1_generation.md").read_text()
     assert "## Tuning" in md and "## Calibration: val_loss vs the trivial predictor" in md

@@ -159,7 +159,17 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
     assert "I.lambda1" in out and "[decide]" in out and "## Tuning" in out
     store = pd.read_json(tmp_path / "synthetic.jsonl", lines=True)
     cells = pd.DataFrame(list(store.loc[store["kind"] == "cell", "cell"]))
-    assert set(cells["phase"]) == {"tune", "tuned"} and set(cells.loc[cells["phase"] == "tuned", "seed"]) == {0, 1}
+    assert set(cells["phase"]) == {"tune", "tuned", "runner_up"}
+    assert set(cells.loc[cells["phase"] == "tuned", "seed"]) == {0, 1}
+    # the runner-up seeds are final seeds (paired with them): --seeds 0 1 keeps those two of the preset's five
+    runner_up = cells[cells["phase"] == "runner_up"]
+    assert set(runner_up["seed"]) == {0, 1}
+    tuned = cells[cells["phase"] == "tuned"]
+    for task in ("regression", "classification"):  # a setting other than the arm's choice
+        for v in ("mha", "damcha", "mha_ctx"):
+            pick = lambda d: {tuple(r) for r in d.loc[(d["task"] == task) & (d["variant"] == v),  # noqa: E731
+                                                      ["lr", "weight_decay"]].to_numpy()}
+            assert len(pick(runner_up)) == 1 and pick(runner_up) != pick(tuned)
     long = pd.read_csv(tmp_path / "synthetic_long.csv")
     for metric in ("test_r2", "trivial_mse", "oracle_mse", "test_acc_norm", "chance_acc", "test_mse@budget",
                    "val_loss@step", "train_flops", "train_cpu_s"):

@@ -65,7 +65,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
                         "classification:20"],
     },
-    "decide": {**{name: [] for name in DECIDE}, "table1_decide": ["--steps", "600"]},  # its budget (the script)
+    "decide": {name: [] for name in DECIDE},
     "paper": {
         "table2_efficiency": ["--flavour", "both"],
         "table1_generation": ["--flavour", "damcha_repo"],  # the baselines as the paper ran them

@@ -235,6 +235,8 @@ def tuned_cells(tuning: Tuning, arms: list[dict], records: list[dict],
     applies the choice to every setting). The waiting cells carry ``lr``/``weight_decay`` None: a dry run prices
     them, a run never starts them."""
     scores = tune_scores(records, tuning.metric)
+    # the runner-up seeds are final seeds too (paired with them); a run of fewer seeds (--seeds) keeps those it has
+    runner_up = [s for s in tuning.runner_up_seeds if s in tuning.seeds]
     cells, waiting, choices = [], [], {}
     for arm in arms:
         own = scores.get(arm_id(arm), {})
@@ -245,15 +247,20 @@ def tuned_cells(tuning: Tuning, arms: list[dict], records: list[dict],
         choice = choose(tuning, own)
         if choice is None:
             waiting += [{**f, "phase": phase, "lr": None, "weight_decay": None, "seed": s} for f in finals(arm)
-                        for phase, seeds in (("tuned", tuning.seeds), ("runner_up", tuning.runner_up_seeds))
+                        for phase, seeds in (("tuned", tuning.seeds), ("runner_up", runner_up))
                         for s in seeds]
             continue
         choices[arm_id(arm)] = choice
         cells += [{**f, "phase": "tuned", **choice.setting, "seed": s} for f in finals(arm) for s in tuning.seeds]
         if choice.runner_up is not None:
             cells += [{**f, "phase": "runner_up", **choice.runner_up, "seed": s} for f in finals(arm)
-                      for s in tuning.runner_up_seeds]
+                      for s in runner_up]
     return cells, waiting, choices
+
+
+def is_waiting(cell: dict) -> bool:
+    """A final cell (``tuned`` or ``runner_up``) whose arm's tuning has not chosen its setting yet (lr None)."""
+    return cell.get("phase") in ("tuned", "runner_up") and cell.get("lr") is None
 
 
 def execute_stages(plan_of: Callable[[], tuple[object, int]], args, name: str) -> int:
@@ -264,15 +271,14 @@ def execute_stages(plan_of: Callable[[], tuple[object, int]], args, name: str) -
     from .protocol import execute
 
     plan, waiting = plan_of()
-    while waiting and not getattr(args, "dry_run", False):
+    # A stage with nothing pending cannot make a choice appear (an arm whose every point diverged); otherwise every
+    # stage stores cells (a grid extended past an edge keeps the finals waiting one stage more), so this ends.
+    while waiting and not getattr(args, "dry_run", False) and plan.store.pending([c for u in plan.units for c in u]):
         plan.finish = lambda: 0
         code = execute(plan, args, name)
         if code:
             return code
-        plan, still = plan_of()
-        if still >= waiting:
-            break
-        waiting = still
+        plan, waiting = plan_of()
     return execute(plan, args, name)
 
 

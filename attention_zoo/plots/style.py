@@ -11,7 +11,7 @@ from __future__ import annotations
 VARIANT_COLOURS = {"mha": "#4d4d4d", "tha": "#0173b2", "dcmha": "#029e73", "colmha": "#cc78bc", "mma": "#7f3c8d",
                    "moa": "#999933", "damcha": "#d55e00"}
 CONTROL_STYLES = {"mha_pm": ("#000000", "D"), "mha_ctx": ("#008695", "P"), "damcha_static": ("#e6ab02", "v"),
-                  "damcha_bm": ("#f97b72", "X")}
+                  "damcha_bm": ("#f97b72", "X"), "mha_cm": ("#6a3d9a", "h"), "mha_sep": ("#b15928", "*")}
 CONTROL_LINESTYLE, CONTROL_HATCH = "-.", "\\\\"
 EXTRA_COLOURS = ("#56b4e9", "#332288", "#882255", "#e73f74", "#11a579", "#3969ac", "#80ba5a", "#44aa99",
                  "#aa4499", "#a5aa99")  # registered plugins: picked by a hash of the name, so always the same one

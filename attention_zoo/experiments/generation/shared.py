@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 # Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
 # ``--no-ensemble`` override), for Tables 1, 3 and 4: empty until the decide presets are rerun with it.
-ENSEMBLE: frozenset[str] = frozenset()
+ENSEMBLE: frozenset[str] = frozenset({"decide"})
 
 
 def make_context(args, name: str) -> Context:
@@ -96,7 +96,7 @@ def make_context(args, name: str) -> Context:
     preset, n = PRESETS[args.preset], args.eval_samples
     data = DataOptions(args.image_task, args.pixel_mode, args.image_size, args.tokenizer, args.data_dir,
                        args.download, preset.max_train_pairs, n or preset.image_eval, n or preset.text_eval,
-                       scored_holdout=args.preset == "decide")
+                       scored_holdout=args.preset == "decide", scored_fraction=preset.scored_fraction)
     train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
     return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
                    args.quiet, args.keep_checkpoints, args.bart_path, args.fresh, ensemble_on(args, ENSEMBLE))

@@ -76,7 +76,7 @@ from ..common import (
 )
 from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
-from ..tuning import execute_stages, tuned_cells
+from ..tuning import execute_stages, is_waiting, tuned_cells
 from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, ENSEMBLE, PRESETS, TUNING
 from .table5_report import NAME, write_report
 from .training import (  # noqa: F401
@@ -270,7 +270,7 @@ def staged_plan(args) -> tuple[Plan, int]:
     store = ResultStore(out, NAME, context, fresh=args.fresh, env=env)
     records = store.records() if args.preset in TUNING else None
     cells = [k for ds in datasets for k in _keys(args, ds, pairs, cfg, final_batches, records)]
-    waiting = [c for c in cells if c.get("phase") == "tuned" and c["lr"] is None]
+    waiting = [c for c in cells if is_waiting(c)]
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     threads = args.threads or preset.threads or 1

@@ -64,7 +64,8 @@ PRESETS = {
 DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
 DECIDE_ARMS = ("mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm")
 TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.05, 0.2), tune_seeds=(1000, 1001),
-                           seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05})}
+                           seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05}, extend=1,
+                           runner_up_seeds=(0, 1, 2, 3, 4))}
 VAL_HOLDOUT = {"decide": 0.2}  # of the training images: the tuned presets' validation split
 PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the best validation loss
 # Fractions of a final cell's step budget at which its test top-1 is read at the best validation checkpoint so far
@@ -72,4 +73,4 @@ PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the
 BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
 # Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
 # ``--no-ensemble`` override): empty until the decide preset is rerun with it.
-ENSEMBLE: frozenset[str] = frozenset()
+ENSEMBLE: frozenset[str] = frozenset({"decide"})
