@@ -165,11 +165,13 @@ def test_tiny_decide_preset_end_to_end(tmp_path, capsys):
     runner_up = cells[cells["phase"] == "runner_up"]
     assert set(runner_up["seed"]) == {0, 1}
     tuned = cells[cells["phase"] == "tuned"]
+    def settings(d, task, v):
+        return {tuple(r) for r in d.loc[(d["task"] == task) & (d["variant"] == v), ["lr", "weight_decay"]].to_numpy()}
+
     for task in ("regression", "classification"):  # a setting other than the arm's choice
         for v in ("mha", "damcha", "mha_ctx"):
-            pick = lambda d: {tuple(r) for r in d.loc[(d["task"] == task) & (d["variant"] == v),  # noqa: E731
-                                                      ["lr", "weight_decay"]].to_numpy()}
-            assert len(pick(runner_up)) == 1 and pick(runner_up) != pick(tuned)
+            ru = settings(runner_up, task, v)
+            assert len(ru) == 1 and ru != settings(tuned, task, v)
     long = pd.read_csv(tmp_path / "synthetic_long.csv")
     for metric in ("test_r2", "trivial_mse", "oracle_mse", "test_acc_norm", "chance_acc", "test_mse@budget",
                    "val_loss@step", "train_flops", "train_cpu_s"):
