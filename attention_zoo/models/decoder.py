@@ -51,19 +51,21 @@ class Decoder(nn.Module):
     rotates its queries and keys (RoPE, base 10000, width ``attn.rotary_dim``; docs/variants.md §0.4).
     ``share_across_layers`` (alias ``share_mlp``; default True): a ``stack_shared`` attention's shared module (DAMCHA's
     metric generator) is built once at construction and run once per forward on the stack input (embeddings +
-    additive positions), and every layer reuses its result; False: each layer has its own.
+    additive positions), and every layer reuses its result; False: each layer has its own. ``causal`` (default True):
+    False makes the same model bidirectional (every position sees every real token: a masked-LM encoder).
 
     Raises:
         ValueError: non-positive sizes, unknown attention or option, ``positions="rope"`` with an attention
             without the ``rotary_ok`` capability, ``share_across_layers`` and ``share_mlp`` given with different
-            values, tokens not an integer [B,T] tensor within the vocabulary and ``max_seq_len``.
+            values, ``causal`` or ``tie_weights`` not a bool, tokens not an integer [B,T] tensor within the
+            vocabulary and ``max_seq_len``.
     """
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, attention: str = "mha",
                  attention_options: dict | None = None, share_across_layers: bool | None = None,
                  d_ff: int | None = None, max_seq_len: int = 1024, dropout: float = 0.0, attn_dropout: float = 0.0,
                  norm: str = "pre", positions: str = "learned", tie_weights: bool = True,
-                 share_mlp: bool | None = None):
+                 share_mlp: bool | None = None, causal: bool = True):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("max_seq_len", max_seq_len)
@@ -71,10 +73,11 @@ class Decoder(nn.Module):
         if positions == "rope" and not get_attention_spec(attention).rotary_ok:
             raise ValueError(f"positions: 'rope' needs an attention that applies rotary positions (rotary_ok); "
                              f"{attention!r} does not")
-        if not isinstance(tie_weights, bool):
-            raise ValueError(f"tie_weights: expected a bool, got {tie_weights!r}")
+        for name, value in (("tie_weights", tie_weights), ("causal", causal)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: expected a bool, got {value!r}")
         self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
-                               share_across_layers, causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout,
+                               share_across_layers, causal=causal, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout,
                                norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
