@@ -1,10 +1,13 @@
 """attention_zoo: seven attention mechanisms behind one registry, and the DAMCHA paper's evidence."""
 
 from . import (
-    _tvshim,  # noqa: F401  (must run before anything imports torchvision)
-    variants,  # noqa: F401  (registers the variants)
+    _moved,  # noqa: F401  (the old paths of moved modules, with a DeprecationWarning)
+    variants,  # noqa: F401, I001  (registers the variants)
 )
-from .adapters import swap_attention
+from .adapters import (
+    _tvshim,  # noqa: F401, I001  (must run before anything imports torchvision)
+    swap_attention,
+)
 from .registry import (
     AttentionSpec,
     create_attention,

@@ -28,7 +28,6 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .bench_plot import plot  # noqa: F401  (attention_zoo.bench.plot: part of the API)
 from .cli import DeviceAction, HelpFormatter, cli_main, non_negative_int, positive_float, positive_int
 from .envinfo import cpu_model, device_name, environment_record, resolve_device, setup_threads
 from .io import atomic_write_csv, atomic_write_json
@@ -39,6 +38,7 @@ from .measure.memory import measure_memory_many, memory_item
 from .measure.params import count_params
 from .measure.status import failure_status, free_memory, short_message
 from .measure.workload import build_workload, private_rng, workload_spec
+from .plots.bench import plot  # noqa: F401  (attention_zoo.bench.plot: part of the API)
 from .plugins import add_include_argument
 from .registry import get_attention_spec, select_attentions
 from .results import ensure_out_file
@@ -289,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attention_zoo.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter,
                                 epilog="python -m attention_zoo.bench train [...]: the training-throughput mode "
-                                       "(CPU time per seed-step of the synthetic sweeps' models); train --help "
-                                       "lists its flags")
+                                       "(CPU time per seed-step of the synthetic sweeps' models); train --task lm|vit "
+                                       "[...]: the decide presets' stand-ins (Tables 5, 6), one model at a time vs "
+                                       "a seed ensemble; train --help lists the flags")
     p.add_argument("--variants", default="*", help="comma-separated names or wildcards; MHA is always added")
     p.add_argument("--flavors", "--flavor", "--flavour", dest="flavors", nargs="+",
                    choices=("paper", "damcha_repo", "both"), default=["paper"],
@@ -323,8 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # the training-throughput mode (experiments/synthetic/train_speed.py)
-        from .experiments.synthetic.train_speed import main as train_main
+    if argv[:1] == ["train"]:  # the training-throughput modes: the stand-ins (--task lm|vit,
+        if any(a == "--task" or a.startswith("--task=") for a in argv[1:]):  # efficiency/train_throughput.py)
+            from .experiments.efficiency.train_throughput import main as throughput_main
+
+            return throughput_main(argv[1:])
+        from .experiments.synthetic.train_speed import main as train_main  # the synthetic cells
 
         return train_main(argv[1:])
     if argv[:1] == ["decode"]:  # cached generation: per-token latency and memory vs context (measure/decode.py)

@@ -24,6 +24,7 @@ CAPABILITY_FLAGS = (
     "has_metric",  # exposes get_M_matrices()
     "control",  # a control arm for deciding claims (docs/claims.md): listed only on request or by name
     "rotary_ok",  # applies rotary positions (forward's ``rotary``) to its queries and keys
+    "subspace_towers",  # its heads never exchange information: the backbone keeps the head slices apart throughout
 )
 ATTENTION_CORES = ("fused", "full logits", "explicit")
 CONTROLS_TOKEN = "controls"  # in a selection: every registered control arm

@@ -142,7 +142,10 @@ def test_claims_cli_rebuilds_the_table_from_a_store(tmp_path, capsys):
     csv = pd.read_csv(tmp_path / "claims.csv")
     assert set(csv["id"]) == {c.id for c in CLAIMS}
     md = (tmp_path / "claims.md").read_text()
-    assert "| claim | paper | ours (effect, interval, n) | verdict |" in md and re.search(r"\*\*30 claims: ", md)
+    assert "| claim | paper | ours (effect, interval, n) | verdict |" in md
+    count = r"\*\*(\d+) claims: [^*]*?(?:\((\d+) more claims re-read another claim's rows)?[^*]*\*\*"
+    own, again = re.search(count, md).groups()
+    assert int(own) + int(again or 0) == len(CLAIMS)  # each set of rows counted once, the re-readers named
     assert not csv["verdict"].str.contains(r"\*\*").any()  # plain text in the CSV
     assert claims_main(["--results", str(tmp_path / "missing")]) == 2
 
@@ -171,7 +174,7 @@ def test_control_arms_match_their_parameter_targets(config):
 
 def test_controls_are_listed_only_on_request():
     assert zoo.list_attentions() == ["colmha", "damcha", "dcmha", "mha", "mma", "moa", "tha"]
-    controls = ["damcha_bm", "damcha_static", "mha_ctx", "mha_pm"]
+    controls = ["damcha_bm", "damcha_static", "mha_ctx", "mha_pm", "mha_sep"]
     assert [n for n in zoo.list_attentions(include_controls=True) if zoo.get_attention_spec(n).control] == controls
     from attention_zoo.registry import select_attentions
 

@@ -9,8 +9,28 @@ from attention_zoo.envinfo import fingerprint
 
 
 def test_one_adamw_implementation_on_every_device():
-    opt = make_optimizer(torch.nn.Linear(4, 4), TrainConfig())
+    opt = make_optimizer(torch.nn.Linear(4, 4, device="meta"), TrainConfig())
     assert opt.defaults["foreach"] is False  # no multi-tensor temporaries in CUDA training peaks
+    # on the CPU the multi-tensor implementation: the same bits as the single-tensor one, in fewer calls
+    import attention_zoo as zoo
+
+    runs = []
+    for foreach in (True, False):
+        torch.manual_seed(0)
+        model = zoo.models.Decoder(20, 16, 2, 4, attention="damcha", max_seq_len=8,
+                                   attention_options={"hidden_dims": (8,), "compact_rank": 2})
+        opt = make_optimizer(model, TrainConfig(lr=1e-2))
+        assert opt.defaults["foreach"] is True
+        opt.defaults["foreach"] = foreach
+        for g in opt.param_groups:
+            g["foreach"] = foreach
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randint(20, (2, 8), generator=torch.Generator().manual_seed(step))).logits.square().mean() \
+                .backward()
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_cpu_cell_identity_is_unchanged_and_cuda_numerics_join_it(monkeypatch):

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 import attention_zoo as zoo
-from attention_zoo import _tvhook, bench, plugins, registry
+from attention_zoo import bench, plugins, registry
+from attention_zoo.adapters import _tvhook
 from attention_zoo.data.fetch import DatasetError, download
 from attention_zoo.experiments import run_all
 from attention_zoo.experiments.efficiency import table7_complexity
@@ -261,10 +262,12 @@ def test_download_never_follows_a_planted_link_nor_touches_the_target(tmp_path):
 def test_startup_hook_never_runs_a_tvhook_from_the_current_directory(tmp_path):
     site_dir, cwd = tmp_path / "site", tmp_path / "cwd"
     site_dir.mkdir()
-    (cwd / "attention_zoo").mkdir(parents=True)
+    (cwd / "attention_zoo" / "adapters").mkdir(parents=True)
     marker = tmp_path / "executed"
     (cwd / "attention_zoo" / "__init__.py").write_text("")
-    (cwd / "attention_zoo" / "_tvhook.py").write_text(f"open({str(marker)!r}, 'w').close()\ninstall = print\n")
+    (cwd / "attention_zoo" / "adapters" / "__init__.py").write_text("")
+    (cwd / "attention_zoo" / "adapters" / "_tvhook.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                                                    "install = print\n")
     assert _tvhook.main(["--install", "--site-dir", str(site_dir)]) == 0
     probe = ("import site, sys\n"
              "n = lambda: sum(getattr(f, '__name__', '') == 'TorchvisionShimFinder' for f in sys.meta_path)\n"
@@ -272,7 +275,7 @@ def test_startup_hook_never_runs_a_tvhook_from_the_current_directory(tmp_path):
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=cwd, timeout=60,
                          env={**os.environ, "ATTENTION_ZOO_TVSHIM": "1"})
     assert run.returncode == 0, run.stderr[-500:]
-    assert not marker.exists(), "the hook executed ./attention_zoo/_tvhook.py"
+    assert not marker.exists(), "the hook executed ./attention_zoo/adapters/_tvhook.py"
     assert run.stdout.split() == ["True", "1"]  # '' was on sys.path, and the installed package's hook ran
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "attention_zoo"
 EXPERIMENTS = PKG / "experiments"
@@ -230,3 +232,62 @@ def test_all_py_takes_its_old_results_flag_with_a_note(tmp_path, capsys):
     assert run_all.main(["--index-only", "--results", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "README.md").is_file()
     assert "--results is deprecated" in capsys.readouterr().err
+
+
+# ---- the rooms (a house that can be tidied): short files, few loose modules, imports that run one way ----------------
+# Render and low layers: what each may import of the package (the lower layers only). plots and claims do not
+# import each other's way up: both read the report helpers below them.
+LOWER = {"attention_zoo.report": ("attention_zoo.io",),
+         "attention_zoo.plots": ("attention_zoo.io", "attention_zoo.report", "attention_zoo.registry",
+                                 "attention_zoo.plots")}
+
+
+def test_no_module_of_the_package_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_at_most_twelve_modules_sit_directly_under_the_package():
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(loose) <= 12, loose
+
+
+def test_the_figure_helpers_and_the_report_import_nothing_above_them():
+    for low, allowed in LOWER.items():
+        for mod in [m for m in MODULES if m == low or m.startswith(low + ".")]:
+            above = {t for t in GRAPH[mod] if not t.startswith(allowed)}
+            assert not above, f"{mod} imports {sorted(above)} (a lower layer importing a higher one)"
+
+
+@pytest.mark.parametrize(("old", "new"), [("host_adapters", "adapters.hosts"), ("hf_adapters", "adapters.hf"),
+                                          ("host_weights", "adapters.weights"), ("_tvshim", "adapters._tvshim"),
+                                          ("_tvhook", "adapters._tvhook"), ("plots_style", "plots.style"),
+                                          ("bench_plot", "plots.bench")])
+def test_a_moved_top_level_module_keeps_its_old_path_for_a_release(old, new):
+    code = (f"import warnings, importlib\nwarnings.simplefilter('error')\n"
+            f"new = importlib.import_module('attention_zoo.{new}')\n"
+            f"try:\n    importlib.import_module('attention_zoo.{old}')\nexcept DeprecationWarning as w:\n"
+            f"    print('warned', 'attention_zoo.{new}' in str(w))\nwarnings.simplefilter('ignore')\n"
+            f"print(importlib.import_module('attention_zoo.{old}') is new)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-1000:]
+    assert run.stdout.split() == ["warned", "True", "True"]
+
+
+def test_python_dash_m_of_the_old_startup_hook_path_runs_the_new_one():
+    run = subprocess.run([sys.executable, "-m", "attention_zoo._tvhook", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and "attention_zoo.adapters._tvhook" in run.stdout
+    assert "moved to attention_zoo.adapters._tvhook" in run.stderr
+
+
+def test_the_old_adapters_module_names_still_resolve_with_a_warning():
+    import warnings
+
+    import attention_zoo.adapters as adapters
+    from attention_zoo.adapters import swap
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert adapters.HOSTS is swap.HOSTS
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)

@@ -147,3 +147,18 @@ def test_inception_mapping_loads_strict_and_matches_torchscript(tmp_path):
     with torch.no_grad():
         x = interpolate_bilinear_2d_like_tensorflow1x(img.float(), size=(299, 299), align_corners=False)
         torch.testing.assert_close(fe(img)[0], ts((x - 128) / 128), atol=1e-4, rtol=1e-4)
+
+
+def test_fid_with_fewer_samples_than_features_is_the_exact_low_rank_value():
+    """n < d: the FID in the samples' space (an n1 x n2 SVD) equals torch-fidelity's eigenvalue route to its
+    round-off; n >= d: torch-fidelity's own."""
+    from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+
+    g = torch.Generator().manual_seed(0)
+    for n1, n2, d in ((64, 64, 256), (40, 70, 128), (300, 300, 16)):
+        a = torch.rand(n1, d, generator=g) * 3
+        b = torch.rand(n2, d, generator=g) * 2 + 0.2
+        ref = fid_statistics_to_metric(fid_features_to_statistics(a.double()), fid_features_to_statistics(b.double()),
+                                       False)["frechet_inception_distance"]
+        assert mi.fid_from_features(a, b) == pytest.approx(ref, rel=1e-6, abs=1e-8)
+    assert mi.fid_from_features(a, a) == pytest.approx(0.0, abs=1e-6)

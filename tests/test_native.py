@@ -6,19 +6,20 @@ import pytest
 import torch
 
 from attention_zoo import create_attention, native
-from attention_zoo.variants import headmix
+from attention_zoo.variants import headmix_blocks, headmix_native, headmix_ops, headmix_stages
+from attention_zoo.variants.base import Masks
 
 lib = native.library()
 needs_lib = pytest.mark.skipif(lib is None, reason="no C compiler: the ATen path is the only one")
 
 
-def _stage(B, H, T, S, R, head: str, key: bool, dtype=torch.float64) -> headmix._Stage:
+def _stage(B, H, T, S, R, head: str, key: bool, dtype=torch.float64) -> headmix_ops._Stage:
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
     qmat = rnd(B, T, H, H) if head == "qmat" else None
     mixmat = rnd(H, H) if head == "mixmat" else None
     k1, k2, kdd = (rnd(B, R, H, S), rnd(B, R, H, S), rnd(B, H, S)) if key else (None, None, None)
-    return headmix._Stage(qmat, mixmat, head == "copy", k1, k2, kdd)
+    return headmix_ops._Stage(qmat, mixmat, head == "copy", k1, k2, kdd)
 
 
 def _block(B, H, c, S, layout: str, dtype=torch.float64) -> torch.Tensor:
@@ -47,10 +48,10 @@ def test_stage_forward_and_backward_equal_the_aten_path(monkeypatch, head, key, 
     g = torch.randn(a.shape, dtype=a.dtype)
 
     def run():
-        out, _ = headmix._stage_forward(st, a, rows, cols, headmix.mix_heads)
+        out, _ = headmix_stages._stage_forward(st, a, rows, cols, headmix_ops.mix_heads)
         grads = [None if t is None else torch.zeros_like(t) for t in st.tensors]
-        low = None if st.k1 is None else headmix._key_project(a, st.k1[..., :cols])
-        ga = headmix._stage_backward(st, a, g, low, rows, cols, headmix.mix_heads, grads)
+        low = None if st.k1 is None else headmix_stages._key_project(a, st.k1[..., :cols])
+        ga = headmix_stages._stage_backward(st, a, g, low, rows, cols, headmix_ops.mix_heads, grads)
         return out, ga, grads
 
     (out, ga, grads), (out0, ga0, grads0) = _both(monkeypatch, run)
@@ -64,9 +65,10 @@ def test_stage_forward_and_backward_equal_the_aten_path(monkeypatch, head, key, 
 @needs_lib
 def test_the_kernels_run_where_they_claim_to(monkeypatch):
     calls = []
-    for name in ("_native_forward", "_fused_forward", "_fused_backward"):
-        real = getattr(headmix, name)
-        monkeypatch.setattr(headmix, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    for module, name in ((headmix_stages, "_native_forward"), (headmix_blocks, "_fused_forward"),
+                         (headmix_blocks, "_fused_backward")):  # patched where the core calls them
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     attn = create_attention("dcmha", d_model=32, n_heads=4, causal=True)
     attn(torch.randn(2, 9, 32, requires_grad=True)).sum().backward()
     assert {"_fused_forward", "_fused_backward"} <= set(calls), "DCMHA's blocks did not run natively"
@@ -74,7 +76,8 @@ def test_the_kernels_run_where_they_claim_to(monkeypatch):
     attn(torch.randn(2, 9, 32), attn_mask=torch.rand(2, 4, 9, 9) > 0.5)  # per-head masks: the stage-by-stage path
     assert calls and set(calls) == {"_native_forward"}
     st = _stage(1, 4, 3, 6, 1, "qmat", True, dtype=torch.float16)
-    assert headmix._native_lib(st, torch.randn(1, 4, 3, 6).half(), headmix.mix_heads) is None  # another dtype
+    mix = headmix_ops.mix_heads
+    assert headmix_native._native_lib(st, torch.randn(1, 4, 3, 6).half(), mix) is None  # another dtype
 
 
 @needs_lib
@@ -121,10 +124,10 @@ def test_layers_equal_with_and_without_the_kernels(monkeypatch, name, causal, th
 def test_the_float32_softmax_exponential_is_within_float_rounding():
     st = _stage(2, 4, 5, 300, 2, "qmat", True, dtype=torch.float32)
     a0 = 30 * torch.randn(2, 4, 5, 300)  # logits far apart: exp underflows to exactly 0 for some
-    masks = headmix.Masks(None, None, None, None, False, False)
+    masks = Masks(None, None, None, None, False, False)
     w = torch.empty_like(a0)
-    headmix._fused_forward(lib, st, None, a0, masks, slice(0, 5), w)
-    logits = headmix._stage_forward(st, a0, slice(0, 5), 300, headmix.mix_heads)[0]
+    headmix_native._fused_forward(lib, st, None, a0, masks, slice(0, 5), w)
+    logits = headmix_stages._stage_forward(st, a0, slice(0, 5), 300, headmix_ops.mix_heads)[0]
     ref = torch.softmax(logits.double(), -1).float()
     torch.testing.assert_close(w, ref, rtol=2e-6, atol=1e-30)
     assert (w[ref == 0] == 0).all() and torch.allclose(w.sum(-1), torch.ones(()))
@@ -134,7 +137,7 @@ def test_disabled_kernels_leave_the_aten_path(monkeypatch):
     monkeypatch.setenv("ATTENTION_ZOO_NATIVE", "0")
     assert native.library() is None
     st = _stage(1, 4, 3, 6, 1, "qmat", True)
-    assert headmix._native_lib(st, torch.randn(1, 4, 3, 6, dtype=torch.float64), headmix.mix_heads) is None
+    assert headmix_native._native_lib(st, torch.randn(1, 4, 3, 6, dtype=torch.float64), headmix_ops.mix_heads) is None
 
 
 def test_a_cache_directory_others_may_write_is_refused(tmp_path):

@@ -208,3 +208,25 @@ def test_expert_load_log_sums_the_routing_of_every_layer():
         counts = json.loads(r["expert_load"])
         assert sum(counts) == 2 * 2 * int(pad.sum())  # two forwards × k slots × real tokens
     assert len(ExpertLoadLog(Decoder(40, D, 1, H)).modules) == 0  # no routing attention, nothing logged
+
+
+# ---- seed ensembles (engine.ensemble) ------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant, options", [
+    ("tha", {"pre_mix": False}), ("tha", {"post_mix": False}), ("tha", {"logit_heads": 8, "value_heads": 2}),
+    ("mha", {"qk_dim": 8}), ("mha", {"qk_norm": True}), ("mha", {"qk_dim": 16, "qk_norm": True})])
+def test_knobs_group_into_seed_ensembles(variant, options):
+    from attention_zoo.engine.ensemble import group_models
+
+    models = []
+    for s in range(3):
+        torch.manual_seed(s)
+        m = Decoder(11, 16, 2, 4, attention=variant, attention_options=options, max_seq_len=8).double()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(100 + s), dtype=p.dtype))
+        models.append(m)
+    grouped = group_models(models)
+    x = torch.randint(11, (3, 2, 8))
+    got = grouped(x.flatten(0, 1)).logits
+    torch.testing.assert_close(got, torch.cat([m(x[i]).logits for i, m in enumerate(models)]), rtol=1e-10,
+                               atol=1e-12)

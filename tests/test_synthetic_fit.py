@@ -78,12 +78,19 @@ def test_the_test_split_is_scored_only_at_budget_points_and_the_end(monkeypatch)
     assert v[("test_mse@budget", 1.0, None)] == v[("test_mse", None, None)]
 
 
-@pytest.mark.parametrize("arm", ["tha", "dcmha", "colmha", "moa"])
-def test_variants_that_cannot_be_grouped_fall_back_and_say_why(arm):
-    g = Group(CLS, arm, "paper", [0, 1], 1, {}, dataclasses.replace(FIT, max_steps=2), CPU, True)
+@pytest.mark.parametrize("arm,options", [("dcmha", {"use_static": True}), ("damcha", {"off_diag_mode": "linear_comb"})])
+def test_variants_that_cannot_be_grouped_fall_back_and_say_why(arm, options):
+    g = Group(CLS, arm, "paper", [0, 1], 1, options, dataclasses.replace(FIT, max_steps=2), CPU, True)
     assert g.path == "per-seed" and g.reason.startswith("model:"), g.reason
     rows = g.train()
     assert len(rows) == 2 and all(r["path_reason"] == g.reason for r in rows[0])
+
+
+@pytest.mark.parametrize("arm", ["tha", "dcmha", "colmha", "moa"])
+def test_head_mixing_and_routing_variants_group(arm):
+    """THA, DCMHA, ColMHA and MoA carry a seed axis since round 5 (engine.ensemble): their seeds train together."""
+    g = Group(CLS, arm, "paper", [0, 1], 1, {}, dataclasses.replace(FIT, max_steps=2), CPU, True)
+    assert g.path == "ensemble of 2", g.reason
 
 
 def test_early_stopping_keeps_the_best_checkpoint():
@@ -178,9 +185,8 @@ def test_training_throughput_mode_reports_every_path(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "t.csv")
     ok = df[df["status"] == "ok"]
     assert set(ok[ok["variant"] == "mha"]["path"]) == {"legacy", "per-seed", "ensemble", "sweep"}
-    assert set(ok[ok["variant"] == "tha"]["path"]) == {"legacy", "per-seed"}  # no ensemble, and it says why
-    assert df[(df["variant"] == "tha") & (df["status"] == "unsupported")]["message"].str.startswith("model:").all()
-    assert (ok["seed_steps_per_cpu_s"] > 0).all() and "has no ensemble path" in (tmp_path / "t.md").read_text()
+    assert set(ok[ok["variant"] == "tha"]["path"]) == {"legacy", "per-seed", "ensemble", "sweep"}  # groups since
+    assert (ok["seed_steps_per_cpu_s"] > 0).all()  # round 5 (its [S, H, H] mixes)
 
 
 def test_arms_share_the_data_and_steppers_read_views_of_it():

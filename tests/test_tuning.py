@@ -92,3 +92,46 @@ def test_a_tuning_group_never_reads_the_test_split(monkeypatch):
     rows = Group(TASK, "mha", "paper", [0] * 4, 1, {}, FIT, CPU, True, hparams=hp, score_test=False).train()
     metrics = {r["metric"] for member in rows for r in member}
     assert "best_val_loss" in metrics and not any(m.startswith(("test", "trivial", "oracle")) for m in metrics)
+
+
+# ---- grid edges and the runner-up setting (a verdict's dependence on the choice) ----------------------------------
+def _scores(f):
+    return {(lr, wd): {s: f(lr, wd) + 0.001 * s for s in (0, 1)} for lr in (1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3)
+            for wd in (0.0, 0.1, 0.3, 0.9)}
+
+
+def test_a_best_on_the_edge_extends_the_arms_grid_until_it_is_inside():
+    from attention_zoo.experiments.tuning import Tuning, arm_grid, choose
+
+    t = Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.0, 0.1, 0.3), tune_seeds=(0, 1), seeds=(5,), extend=2)
+    bowl = _scores(lambda lr, wd: (math.log2(lr / 8e-3)) ** 2 + (wd - 0.1) ** 2)  # best lr 8e-3, beyond the grid
+    grid = [(g["lr"], g["weight_decay"]) for g in t.grid()]
+    assert arm_grid(t, {p: v for p, v in bowl.items() if p in grid}) == grid + [(8e-3, 0.1)]
+    scored = {p: v for p, v in bowl.items() if p in grid + [(8e-3, 0.1), (16e-3, 0.1)]}
+    assert arm_grid(t, scored) == grid + [(8e-3, 0.1), (16e-3, 0.1)]  # 8e-3 was the new edge: one more step
+    choice = choose(t, scored)
+    assert choice.setting == {"lr": 8e-3, "weight_decay": 0.1} and choice.edge == ()
+    assert choice.runner_up in ({"lr": 4e-3, "weight_decay": 0.1}, {"lr": 16e-3, "weight_decay": 0.1})
+    far = _scores(lambda lr, wd: -lr + wd)  # better ever higher: stops after two steps, still flagged
+    cap = arm_grid(t, far)
+    assert cap[-2:] == [(8e-3, 0.0), (16e-3, 0.0)] and choose(t, far).edge == ("lr", "weight_decay")
+    assert arm_grid(Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0, 0.1), tune_seeds=(0, 1), seeds=(5,)), far) == [
+        (1e-3, 0.0), (1e-3, 0.1), (2e-3, 0.0), (2e-3, 0.1)]  # extend=0: the declared grid only
+
+
+def test_runner_up_cells_run_at_the_second_best_setting_and_wait_with_the_finals():
+    from attention_zoo.experiments.tuning import Tuning, tuned_cells
+
+    t = Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.0, 0.1, 0.3), tune_seeds=(0, 1), seeds=(5, 6, 7),
+               runner_up_seeds=(5, 6))
+    cells, waiting, _ = tuned_cells(t, [{"variant": "mha"}], [])
+    assert {c["phase"] for c in waiting} == {"tuned", "runner_up"} and len(waiting) == 5
+    bowl = _scores(lambda lr, wd: (math.log2(lr / 2e-3)) ** 2 + (wd - 0.1) ** 2 + 0.01 * (lr > 2e-3))
+    recs = [{"cell": {"variant": "mha", "phase": "tune", "lr": lr, "weight_decay": wd, "seed": s},
+             "rows": [{"metric": "val_loss", "value": v}]} for (lr, wd), by in bowl.items() for s, v in by.items()]
+    cells, waiting, choices = tuned_cells(t, [{"variant": "mha"}], recs)
+    assert waiting == []
+    runner = [c for c in cells if c["phase"] == "runner_up"]
+    assert [c["seed"] for c in runner] == [5, 6] and {(c["lr"], c["weight_decay"]) for c in runner} == {(2e-3, 0.0)}
+    assert Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0, 0.1), tune_seeds=(0, 1), seeds=(5,)).describe().endswith(
+        "(a two-value axis: its edge flag says little), 2 tuning seeds, 1 final seeds")

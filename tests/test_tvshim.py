@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from attention_zoo import _tvhook, _tvshim
+from attention_zoo.adapters import _tvhook, _tvshim
 
 
 def test_torchvision_and_dependents_import_after_the_shim():
@@ -57,8 +57,8 @@ def test_importing_timm_or_torchvision_before_attention_zoo(tmp_path, first):
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-500:]
     # The hook imports nothing until torchvision is imported, and runs the shim once.
     probe = (f"import site, sys; site.addsitedir({str(tmp_path)!r}); heavy = 'torch' in sys.modules; "
-             "import torchvision, attention_zoo; from attention_zoo import _tvshim; "
-             "print(heavy, sys.modules['attention_zoo._tvshim'] is _tvshim)")
+             "import torchvision, attention_zoo; from attention_zoo.adapters import _tvshim; "
+             "print(heavy, sys.modules['attention_zoo.adapters._tvshim'] is _tvshim)")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and run.stdout.split()[-2:] == ["False", "True"], run.stderr[-500:]
     assert _tvhook.main(["--uninstall", "--site-dir", str(tmp_path)]) == 0

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import scan_jsonl
-from .spec import SHARED
+from .spec import RUNNER_UP, SHARED
 
 # Derived metrics a claim may name: value = a − b of two stored metrics of the same cell.
 DERIVED = {"mse_iqr": ("mse_q75", "mse_q25"), "nll_iqr": ("nll_q75", "nll_q25")}
@@ -79,13 +79,16 @@ def read_store(path: str | Path) -> dict[str, StoreRows]:
 def by_phase(df: pd.DataFrame, preset: str) -> dict[str, pd.DataFrame]:
     """A tuned preset's rows by what they decide: ``tuned`` cells (each arm at its own best setting; and cells of
     presets that do not tune) under the preset's name, ``shared`` cells (every arm at the one shared setting) as
-    "<preset>, shared setting"; ``tune`` cells (the grid, validation only) decide nothing."""
+    "<preset>, shared setting", ``runner_up`` cells (every arm at its second-best setting) as "<preset>, runner-up
+    setting" (read only for the robustness column); ``tune`` cells (the grid, validation only) decide nothing."""
     if df.empty or "phase" not in df:
         return {preset: df}
     phase = df["phase"].fillna("tuned").astype(str)
     out = {preset: df[phase == "tuned"]}
     if (phase == "shared").any():
         out[f"{preset}, {SHARED}"] = df[phase == "shared"]
+    if (phase == "runner_up").any():
+        out[f"{preset}, {RUNNER_UP}"] = df[phase == "runner_up"]
     return out
 
 

@@ -128,6 +128,23 @@ def budget_curve(df: pd.DataFrame, claim: Claim, comp: Comparison, metric: str) 
     return out
 
 
+def budget_movement(df: pd.DataFrame, claim: Claim, comp: Comparison, metric: str) -> tuple | None:
+    """(fraction before, last fraction, per-seed change of the paired effect between them) from the
+    ``<metric>@budget`` rows, on the seeds both fractions have; None with fewer than two fractions."""
+    if claim.rule == "slope" or comp.reference is None or "metric" not in df or "budget" not in df:
+        return None
+    rows = df[(df["metric"] == f"{metric}@budget") & matches(df, comp.where)]
+    rows = rows[rows["status"].fillna("ok") == "ok"] if "status" in rows else rows
+    fracs = sorted(float(f) for f in rows["budget"].dropna().unique())
+    if len(fracs) < 2:
+        return None
+    f0, f1 = fracs[-2], fracs[-1]
+    e0, e1 = (paired_effects(rows[np.isclose(rows["budget"].astype(float), f)], claim, comp.treatment,
+                             comp.reference) for f in (f0, f1))
+    both = e0.index.intersection(e1.index)
+    return (f0, f1, (e1[both] - e0[both]).to_numpy(float)) if len(both) else None
+
+
 def cell_costs(df: pd.DataFrame) -> dict[tuple, tuple[float, str]]:
     """{cell: (training seconds, "CPU" or "wall")} of the cells behind ``df``'s rows, each cell once: its
     ``train_cpu_s`` row, else its ``train_time_s`` row or column (wall time)."""

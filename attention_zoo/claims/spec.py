@@ -28,6 +28,7 @@ def by_preset(**values) -> ByPreset:
 
 
 SHARED = "shared setting"  # the secondary rows of a tuned preset: every arm at the one setting used before tuning
+RUNNER_UP = "runner-up setting"  # a tuned preset's final seeds at each arm's second-best setting (a robustness check)
 
 
 def base_preset(preset: str) -> str:
@@ -118,6 +119,13 @@ class Claim:
     needs_rows: bool = True  # False: a formula-only analytic claim, decided without any store
     unit: str | None = None  # the effect's unit as shown (default: from ``effect`` and the metric)
     paper_scale: str = ""  # what would decide it at paper scale
+    paper_metric: str = ""  # the paper's own data and metric ("CIFAR-10 FID@Top-50"), named where a stand-in decides
+    # A positive control: an arm whose metric must get worse as ``positive_over`` grows (its per-seed slope's 95 %
+    # interval above 0) for the task to exercise what the claim is about; where it does not, the claim is not
+    # decidable ("the task does not isolate ..."). None: no such precondition.
+    positive_control: Arm | None = None
+    positive_over: str = ""
+    positive_what: str = ""  # what the task must isolate, for the verdict's words
 
     def __post_init__(self):
         betters = dict(self.better.values).values() if isinstance(self.better, ByPreset) else (self.better,)

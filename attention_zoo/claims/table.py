@@ -11,7 +11,7 @@ from ..report import markdown_table
 from .spec import base_preset
 from .verdicts import ALPHA, KINDS, Verdict
 
-COLUMNS = ("claim", "paper", "ours (effect, interval, n)", "verdict", "scope", "strongest control",
+COLUMNS = ("claim", "paper", "ours (effect, interval, n)", "verdict", "robustness", "scope", "strongest control",
            "gain over the budget", "cost", "what would decide it at paper scale")
 # The preset that decides a claim where several have rows: the paper's configuration, then the CPU-scale decide
 # preset, then the smoke preset (a pipeline check).
@@ -51,9 +51,15 @@ def split_headline(verdicts: list[Verdict]) -> tuple[list[Verdict], list[Verdict
 
 
 def count_line(verdicts: list[Verdict]) -> str:
-    counts = Counter(v.kind for v in verdicts)
+    """Each set of rows counted once: a claim that re-reads another claim's rows (``same_as``) is counted with it,
+    and the line says how many do."""
+    own = [v for v in verdicts if not v.same_as]
+    counts = Counter(v.kind for v in own)
     parts = [f"{counts[k]} {k}" for k in KINDS if counts[k]]
-    return f"{len(verdicts)} claim{'s' if len(verdicts) != 1 else ''}: " + ", ".join(parts) + "."
+    again = len(verdicts) - len(own)
+    verb = "re-reads another claim's rows and is" if again == 1 else "re-read another claim's rows and are"
+    tail = f" ({again} more claim{'s' if again != 1 else ''} {verb} counted with it)" if again else ""
+    return f"{len(own)} claim{'s' if len(own) != 1 else ''}: " + ", ".join(parts) + tail + "."
 
 
 def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
@@ -73,6 +79,10 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
             "gain over the budget": v.budget or "–",
             "cost": _cost(v),
             "what would decide it at paper scale": "; ".join(s for s in (v.claim.paper_scale, v.n_needed) if s),
+            "robustness": (f"one Holm family: {v.one_family}; at the runner-up setting: {v.runner_up}"
+                           if v.one_family else "–"),
+            "one Holm family": v.one_family or "–", "at the runner-up setting": v.runner_up or "–",
+            "stand-in": v.stand_in or "–",
             # machine-readable columns
             "id": v.claim.id, "preset": v.preset, "headline": id(v) in heads, "kind": v.kind, "n": v.n,
             "cost_s": v.cost_s, "same_as": v.same_as, "context": v.context, "runs": " ".join(v.runs),

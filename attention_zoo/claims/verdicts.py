@@ -13,13 +13,17 @@ For each claim at each preset with rows:
    own task and the paper quotes an effect — when the whole interval lies short of the paper's effect;
    **explained by a control** when supported but matched by a control (``controls``); **not decidable** when a
    seed of either arm diverged (``data.diverged_units``: "not decidable: k of n seeds of <arm> diverged") or did
-   not learn, or with fewer than 5 seeds; **inconclusive (MDE …)** otherwise;
+   not learn, or with fewer than 5 seeds; **inconclusive (MDE …)** otherwise; the MDE is taken at the family's
+   fixed level α/m (m: its distinct decidable comparisons), not at the comparison's data-dependent Holm rank;
+   **budget-bound** (``budget_bound``): a comparison whose effect still moves between the last two budget
+   fractions, in the direction that could overturn its verdict, reads "not decidable at this budget";
 5. a claim's comparisons combine: contradicted if any is; else not decidable if any is; else inconclusive if any
    is; else explained by a control if any is; else supported.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 
@@ -30,10 +34,11 @@ from . import stats
 from .analytic import ANALYTIC
 from .controls import ControlResult, check_controls, control_text, interval_text
 from .data import StoreRows, diverged_units, matches, metric_inputs, metric_rows, run_facts
-from .effects import arms_rows, budget_curve, cell_costs, comparison_effects, unit_of
+from .effects import arms_rows, budget_curve, budget_movement, cell_costs, comparison_effects, unit_of
 from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
-from .spec import Claim, Comparison, base_preset, resolve
+from .scrutiny import budget_bound, positive_control, seeds_needed, seeds_to_detect, stand_in  # noqa: F401
+from .spec import RUNNER_UP, Claim, Comparison, base_preset, resolve
 
 ALPHA = 0.05
 KINDS = ("supported", "contradicted", "explained by a control", "inconclusive", "not decidable", "not run")
@@ -59,6 +64,8 @@ class Result:
     controls: list[ControlResult] = field(default_factory=list)
     budget: list[tuple[float, float, int]] = field(default_factory=list)
     costs: dict = field(default_factory=dict)
+    family_m: int = 1  # distinct decidable comparisons in its Holm family: the MDE's level is ALPHA / family_m
+    movement: tuple | None = None  # (budget fraction before, last fraction, per-seed change of the effect)
 
     @property
     def name(self) -> str:
@@ -88,6 +95,9 @@ class Verdict:
     same_as: str = ""  # the claim whose rows (and so whose comparisons) these are
     budget: str = ""
     cost_unit: str = "CPU"
+    stand_in: str = ""  # "digits MSE (stand-in for CIFAR-10 FID@Top-50)" where the rows are not the paper's task
+    one_family: str = ""  # robustness: the verdict under one Holm family over every decide comparison
+    runner_up: str = ""  # robustness: the verdict with every arm at its runner-up setting
 
     @property
     def kind(self) -> str:
@@ -180,19 +190,6 @@ def describe(res: Result) -> str:
     return f"{res.name}: {interval_text(shown)} {res.unit} (n = {t.n})"
 
 
-def seeds_needed(res: Result, paper_task: bool) -> str:
-    """Seeds for the MDE at this SD to reach the paper's effect (paper task) or the observed one."""
-    quoted = res.comp.paper_effect is not None and paper_task
-    target = abs(res.comp.paper_effect) if quoted else abs(res.test.mean)
-    if not (math.isfinite(res.test.sd) and res.test.sd > 0 and math.isfinite(target) and target > 0):
-        return ""
-    what = "the paper's effect" if quoted else "the observed effect"
-    for n in (5, 10, 20, 40, 80, 160, 320, 640):
-        if stats.mde(n, res.test.sd, res.level) <= target:
-            return f"≈ {n} seeds at this SD detect {what} ({target:.2g} {res.unit})"
-    return f"> 640 seeds at this SD for an effect of {target:.2g} {res.unit}"
-
-
 # ---- one claim -------------------------------------------------------------------------------------------------
 def _claim_frame(claim: Claim, preset: str, rows: StoreRows) -> tuple[pd.DataFrame, dict]:
     where = {k: resolve(v, preset) for k, v in claim.where.items()}
@@ -232,6 +229,7 @@ def claim_results(claim: Claim, preset: str, rows: StoreRows) -> list[Result]:
             if arm is not None for units, bad in [diverged_units(arms_rows(of_metric, comp, (arm,)), claim.pair_on)]
             if bad)
         res.budget = budget_curve(frame, claim, comp, metric)
+        res.movement = budget_movement(frame, claim, comp, metric)
         out.append(res)
     return out
 
@@ -259,14 +257,37 @@ def decide(stores: dict[tuple[str, str], StoreRows], claims: tuple[Claim, ...] =
             else:
                 at = claim.at(preset)
                 partial.append((at, preset, rows, claim_results(at, preset, rows)))
+    pooled = [(c, p, rows, [copy.copy(r) for r in res]) for c, p, rows, res in partial if p == "decide"]
     _holm(partial)
     first_reader: dict[tuple, str] = {}
     for claim, preset, rows, results in partial:
         keys = tuple(r.key for r in results)
         same = first_reader.setdefault(keys, claim.id)
         verdicts.append(finish(claim, preset, rows, results, same_as="" if same == claim.id else same))
+    robustness(verdicts, pooled)
+    originals = {c.id: c for c in claims}
+    for v in verdicts:
+        name_stand_in(v, originals.get(v.claim.id, v.claim))
     order = {c.id: i for i, c in enumerate(claims)}
-    return sorted(verdicts, key=lambda v: (order.get(v.claim.id, 0), v.preset))
+    return sorted((v for v in verdicts if not v.preset.endswith(RUNNER_UP)),
+                  key=lambda v: (order.get(v.claim.id, 0), v.preset))
+
+
+def _holds(kind: str, other: str | None) -> str:
+    return "not run" if other is None else "holds" if other == kind else f"changes (→ {other})"
+
+
+def robustness(verdicts: list[Verdict], pooled: list) -> None:
+    """The decide verdicts' two robustness columns: the verdict kind under one Holm family over every decide
+    comparison of every store (``pooled``: the decide claims' comparisons, not yet adjusted), and the verdict kind
+    with every arm at its runner-up setting (the "<preset>, runner-up setting" rows); "holds" or "changes (→ …)"."""
+    _holm(pooled, family=lambda claim, preset: ("every decide comparison",))
+    one = {c.id: finish(c, p, rows, res).kind for c, p, rows, res in pooled}
+    runner = {v.claim.id: v.kind for v in verdicts if v.preset == f"decide, {RUNNER_UP}"}
+    for v in verdicts:
+        if v.preset == "decide" and v.claim.rule != "analytic":
+            v.one_family = _holds(v.kind, one.get(v.claim.id))
+            v.runner_up = _holds(v.kind, runner.get(v.claim.id))
 
 
 def _gated(rows: StoreRows) -> StoreRows:
@@ -274,26 +295,33 @@ def _gated(rows: StoreRows) -> StoreRows:
     return StoreRows(frame, rows.path, rows.context_id, rows.run_ids, rows.commits, checked)
 
 
-def _holm(partial) -> None:
+def _family(claim: Claim, preset: str) -> tuple:
+    """A Holm family: one claim family of one run (store × preset)."""
+    return claim.store_name, preset, claim.family
+
+
+def _holm(partial, family=_family) -> None:
     """Holm within each family over its distinct comparisons; duplicates take their first reader's level."""
     families: dict[tuple, dict[tuple, Result]] = {}
     for claim, preset, _, results in partial:
         if claim.rule == "noninferior":
             continue
-        fam = families.setdefault((claim.store_name, preset, claim.family), {})
+        fam = families.setdefault(family(claim, preset), {})
         for r in results:
             fam.setdefault(r.key, r)
     canonical: dict[tuple, Result] = {}
     for fam in families.values():
         distinct = list(fam.values())
         p_adj, levels = stats.holm([r.test.p if r.test.decidable else math.nan for r in distinct], ALPHA)
+        m = max(1, sum(math.isfinite(p) for p in p_adj))
         for r, p, lvl in zip(distinct, p_adj, levels):
-            r.p_adj, r.level = p, (lvl if math.isfinite(lvl) else ALPHA)
+            r.p_adj, r.level, r.family_m = p, (lvl if math.isfinite(lvl) else ALPHA), m
             canonical[r.key] = r
     for _, _, _, results in partial:
         for r in results:
             if r.key in canonical:
-                r.p_adj, r.level = canonical[r.key].p_adj, canonical[r.key].level
+                c = canonical[r.key]
+                r.p_adj, r.level, r.family_m = c.p_adj, c.level, c.family_m
 
 
 def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], same_as: str = "") -> Verdict:
@@ -307,13 +335,16 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
         else:
             r.verdict = comparison_verdict(r, paper_task)
         if r.test.decidable:
-            r.mde = stats.mde(r.test.n, r.test.sd, r.level)
+            r.mde = stats.mde(r.test.n, r.test.sd, ALPHA / r.family_m)  # the family's fixed worst-case level
         if claim.controls and r.test.n:
             r.controls = check_controls(metric_rows(frame[matches(frame, r.comp.where)],
                                                     resolve(claim.metric, preset)), claim, r.comp, r.level)
             if r.verdict == "supported" and r.direction > 0 and any(c.explains for c in r.controls):
                 r.verdict = "explained by a control"
                 r.why = "matched by " + ", ".join(c.name for c in r.controls if c.explains)
+        if r.verdict in ("supported", "contradicted", "inconclusive") and (bound := budget_bound(r)):
+            r.verdict, r.why = "not decidable", f"at this budget: {bound}"
+    control_note = positive_control(claim, preset, frame, results)
     costs = {k: v for r in results for k, v in r.costs.items()}
     v = Verdict(claim, preset, combine(results), results, n=min((r.test.n for r in results if r.test.n), default=0),
                 cost_s=sum(s for s, _ in costs.values()), context=rows.context_id, runs=rows.run_ids,
@@ -334,6 +365,8 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
         notes.append(f"non-inferiority margin {claim.margin:g} {results[0].unit if results else ''}")
     if not rows.gate_checked:
         notes.append("learned-at-all gate: no trivial-predictor reference in this store (not checked)")
+    if control_note:
+        notes.append(control_note)
     v.note = "; ".join(notes)
     v.control = " | ".join(s for r in results if (s := control_text(r.comp, r.controls, r.unit))) or "–"
     v.budget = "; ".join(
@@ -341,6 +374,13 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
     v.n_needed = next((s for r in results if r.verdict == "inconclusive" and (s := seeds_needed(r, paper_task))), "")
     v.scope = run_facts(frame)
     return v
+
+
+def name_stand_in(v: Verdict, original: Claim) -> None:
+    """Say in the verdict what it was decided on where that is a stand-in for the paper's data or metric."""
+    v.stand_in = stand_in(original, v.preset)
+    if v.stand_in and v.kind in ("supported", "contradicted", "explained by a control", "inconclusive"):
+        v.verdict = f"{v.kind} on {v.stand_in}{v.verdict[len(v.kind):]}"
 
 
 def _frac(f: float) -> str:

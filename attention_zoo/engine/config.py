@@ -15,7 +15,7 @@ RUN_CONTROL = ("stop_at", "handle_signals", "progress", "ckpt_every", "keep_last
 
 # Fields added after stores were written, with the value that reproduces the runs before them: left out of a cell's
 # identity at that value, so those stores keep their keys.
-NEUTRAL = {"patience": 0}
+NEUTRAL = {"patience": 0, "compile": False}
 
 
 def result_identity(train: dict) -> dict:
@@ -59,6 +59,7 @@ class TrainConfig:
     find_unused_parameters: bool | None = None  # DDP; None: on when a module declares data_dependent_compute
     handle_signals: bool = True  # SIGTERM/SIGINT -> checkpoint and stop cleanly (main thread only)
     progress: bool = True  # tqdm bar on rank 0
+    compile: bool = False  # torch.compile the training forward (engine.compiled; eager where it cannot, with why)
 
     def __post_init__(self):
         ints = {"max_steps": 1, "batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "log_every": 1,
@@ -80,6 +81,8 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected a number in [{lo}, {hi}], got {v!r}")
         if self.lr == 0:
             raise ValueError("lr: expected a positive learning rate, got 0")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile: expected a bool, got {self.compile!r}")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp: expected one of {AMP_MODES}, got {self.amp!r}")
         if self.patience and not self.eval_every:
@@ -125,7 +128,7 @@ def parse_overrides(items: list[str]) -> dict:
 def _cast(key: str, raw: str, default):
     if raw.lower() == "none":
         return None
-    if isinstance(default, bool) or key in ("find_unused_parameters", "handle_signals", "progress"):
+    if isinstance(default, bool) or key in ("find_unused_parameters", "handle_signals", "progress", "compile"):
         if raw.lower() in ("true", "1", "yes"):
             return True
         if raw.lower() in ("false", "0", "no"):

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..envinfo import set_seed
 from ..io import append_jsonl
 from .checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state, strip_prefixes
+from .compiled import CompiledForward
 from .config import NEUTRAL, TrainConfig
 from .distributed import DistInfo, all_gather_object, all_reduce, param_sync_diff
 
@@ -52,6 +53,8 @@ class TrainResult:
     # budget fraction -> (the best validation checkpoint's step so far, ``budget_score`` of that checkpoint), for the
     # fractions of ``max_steps`` the run reached before it ended (the caller scores the rest at the final best)
     budget: dict[float, tuple[int, dict[str, float]]] | None = None
+    eval_time_s: float = 0.0  # wall time of this call's evaluations and budget scoring (not in train_time_s)
+    compiled: str = ""  # with TrainConfig.compile: "compiled", or "eager: <why>" (engine.compiled)
 
     @property
     def tokens_per_s(self) -> float:
@@ -120,9 +123,12 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # One implementation on every device: torch picks the multi-tensor ("foreach") one on CUDA, whose
-    # parameter-sized temporaries would raise CUDA training peaks and not CPU ones (same values either way).
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
+    # The single-tensor implementation wherever a parameter is off the CPU: torch would pick the multi-tensor
+    # ("foreach") one on CUDA, whose parameter-sized temporaries would raise CUDA training peaks. On the CPU the
+    # multi-tensor one computes the same bits (tests/test_gpu_ready.py) with fewer calls per step: the small models
+    # of the decide presets hold 30-40 tensors, ≈ 0.6-0.9 ms of a 17-35 ms step (Table 5's shape, one thread).
+    on_cpu = all(p.device.type == "cpu" for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=on_cpu)
 
 
 class _StopFlag:
@@ -258,9 +264,15 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {},
                 "budget": [[f, b, sc] for f, (b, sc) in sorted(budget.items())], **extra}
 
+    eval_time = 0.0
+    # the last budget scoring, (best step, scores): a later fraction with the same best checkpoint reuses it
+    scored_at: tuple[int, dict[str, float]] | None = budget[max(budget)] if budget else None
+
     def run_evals() -> dict[str, float]:
-        nonlocal best, best_step, best_weights
+        nonlocal best, best_step, best_weights, eval_time
+        t0 = time.perf_counter()
         res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
+        eval_time += time.perf_counter() - t0
         for name, v in res.items():
             log({"event": "eval", "step": step, "eval_set": name, "loss": v})
         mean = sum(res.values()) / len(res)
@@ -274,22 +286,31 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         return res
 
     def score_budget(fracs: tuple[float, ...]) -> None:
-        nonlocal best_weights
-        if best_weights is None and best is not None:  # resumed: the best so far is best.pt's
-            best_weights = strip_prefixes(load_checkpoint(ckpts.best_path)["model"])
-        current = None
-        if best_weights is not None and best_step != step:  # score the best checkpoint, then put this step's back
-            current = {k: v.detach().clone() for k, v in raw.state_dict().items()}
-            raw.load_state_dict(best_weights)
-        scores = budget_score(raw)
-        if current is not None:
-            raw.load_state_dict(current)
-        raw.train()
+        nonlocal best_weights, eval_time, scored_at
+        t0 = time.perf_counter()
+        if scored_at is not None and scored_at[0] == best_step:  # the same checkpoint as the last fraction's: its
+            scores = dict(scored_at[1])  # scores stand (scoring reads no RNG, so nothing else changes)
+        else:
+            if best_weights is None and best is not None:  # resumed: the best so far is best.pt's
+                best_weights = strip_prefixes(load_checkpoint(ckpts.best_path)["model"])
+            current = None
+            if best_weights is not None and best_step != step:  # score the best checkpoint, then put this step's back
+                current = {k: v.detach().clone() for k, v in raw.state_dict().items()}
+                raw.load_state_dict(best_weights)
+            scores = budget_score(raw)
+            if current is not None:
+                raw.load_state_dict(current)
+            raw.train()
+            scored_at = (best_step, dict(scores))
+        eval_time += time.perf_counter() - t0
         for frac in fracs:
             budget[frac] = (best_step, scores)
             log({"event": "budget", "step": step, "fraction": frac, "best_step": best_step, **scores})
 
     net = raw
+    forward = CompiledForward(raw, dev) if cfg.compile and not info.distributed else None
+    if forward is not None:
+        net = forward
     evals: dict[str, float] = {}
     status, stop_signal, last_saved = "ok", None, ckpt_path if state is not None else None
     with _signal_handlers(cfg.handle_signals) as flag:
@@ -305,7 +326,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                                  f"x grad_accum={cfg.grad_accum}")
             per_rank = n // info.world_size
             local = tuple(t[info.rank * per_rank:(info.rank + 1) * per_rank] for t in batch)
-            if info.distributed and net is raw:
+            if info.distributed and net is raw:  # (compile applies to one process only: DDP wraps the eager model)
                 fup = cfg.find_unused_parameters
                 if fup is None:
                     micro = per_rank // cfg.grad_accum
@@ -365,7 +386,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
     log({"event": "status", "status": status, "step": step, "signal": stop_signal, "tokens_seen": tokens_seen,
          "train_time_s": train_time})
     return TrainResult(status, step, tokens_seen, train_time, evals, best, last_saved, log_path, stop_signal, sync,
-                       best_step if best is not None else None, budget if budget_steps else None)
+                       best_step if best is not None else None, budget if budget_steps else None, eval_time,
+                       forward.how if forward is not None else ("eager: DDP" if cfg.compile else ""))
 
 
 def _budget_steps(fracs, score, eval_sets, max_steps: int) -> dict[int, tuple[float, ...]]:

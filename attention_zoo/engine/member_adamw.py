@@ -74,5 +74,28 @@ class MemberAdamW(torch.optim.Optimizer):
                 p.sub_((exp_avg / denom).mul_(step_size))
         return loss
 
+    @torch.no_grad()
+    def select_members(self, keep: list[int], new_params: dict[int, Tensor]) -> MemberAdamW:
+        """The optimizer of the same model after ``engine.ensemble.select_members(model, keep)`` (which returned
+        ``new_params``, {id of the old parameter: the new one}): each group's per-member hyper-parameters and every
+        parameter's moments sliced to the kept members; the step counts and the scalar hyper-parameters carried."""
+        index = torch.tensor(keep)
+        groups = []
+        for g in self.param_groups:
+            pick = {k: (v.index_select(0, index) if isinstance(v, Tensor) and v.dim() == 1 else v)
+                    for k, v in g.items() if k in ("member_lr", "weight_decay")}
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, **pick,
+                           "params": [new_params[id(p)] for p in g["params"]]})
+        out = MemberAdamW.__new__(MemberAdamW)
+        torch.optim.Optimizer.__init__(out, groups, self.defaults)
+        for g_old, g_new in zip(self.param_groups, out.param_groups):
+            for p_old, p_new in zip(g_old["params"], g_new["params"]):
+                st = self.state.get(p_old)
+                if st:
+                    sel = index.to(p_old.device)
+                    out.state[p_new] = {"step": st["step"], "exp_avg": st["exp_avg"].index_select(0, sel),
+                                        "exp_avg_sq": st["exp_avg_sq"].index_select(0, sel)}
+        return out
+
 
 __all__ = ["MemberAdamW"]

@@ -28,10 +28,12 @@ from pathlib import Path
 PACKAGE = "attention_zoo"
 ROOT = Path(__file__).resolve().parents[2]  # the repository (the package's parent folder)
 # Modules whose changes cannot change a stored number (they render, validate arguments or schedule runs).
-RENDER_ONLY = ("attention_zoo.claims", "attention_zoo.report", "attention_zoo.plots", "attention_zoo.bench_plot",
+RENDER_ONLY = ("attention_zoo.claims", "attention_zoo.report", "attention_zoo.plots",
                "attention_zoo.io", "attention_zoo.cli", "attention_zoo.experiments.results_index",
                "attention_zoo.experiments.freshness", "attention_zoo.experiments.dryrun",
                "attention_zoo.experiments.launchers", "attention_zoo.experiments.run_all",
+               "attention_zoo.experiments.slurm", "attention_zoo.experiments.entry",
+               "attention_zoo.experiments.backfill",
                "attention_zoo.experiments.fingerprint")  # the fingerprints observe the code, they compute nothing
 
 

@@ -9,7 +9,14 @@ score it and the n ≥ 10 seeds of the final runs. The store contract (the claim
 - ``"tuned"``: the final seeds at the arm's chosen setting (lowest mean validation loss over the tuning seeds),
   with the ``lr``/``weight_decay`` used;
 - ``"shared"`` (optional): every arm at the one setting the preset used before tuning existed, so a reader sees
-  whether tuning changed the answer.
+  whether tuning changed the answer;
+- ``"runner_up"`` (optional, ``Tuning.runner_up_seeds``): final seeds at the arm's second-best setting, so the
+  claims layer can say whether a verdict depends on the choice between two settings whose scores are close.
+
+**Grid edges.** With ``Tuning.extend`` > 0 a grid that puts an arm's best at an edge of an axis is extended for that
+arm, one step at a time (the axis's ratio between its last two values, beyond the edge; a weight decay of 0 has no
+value below it), at the chosen value of the other axis, with the tuning seeds, until the best is inside or
+``extend`` steps were taken in that direction; the final cells wait for it. An edge that remains is flagged.
 
 An arm's choice reads the score of each tuning seed by its seed: a grid point is scored only once every tuning seed
 has its cell (a cell of another seed never stands in), and a ``tune`` cell without its ``lr``, ``weight_decay`` or
@@ -28,7 +35,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PHASES = ("tune", "tuned", "shared")
+PHASES = ("tune", "tuned", "shared", "runner_up")
 HPARAMS = ("lr", "weight_decay")
 SETTING_KEYS = ("phase", "seed", *HPARAMS)  # what varies inside one arm
 
@@ -59,6 +66,8 @@ class Tuning:
     seeds: tuple[int, ...]
     metric: str = "val_loss"
     shared: dict | None = field(default=None)
+    extend: int = 0  # steps an arm's grid may grow beyond an edge its best sits on, per axis and direction
+    runner_up_seeds: tuple[int, ...] = ()  # final seeds at each arm's second-best setting (phase "runner_up")
 
     def __post_init__(self):
         object.__setattr__(self, "lrs", _positive_tuple("lrs", self.lrs, allow_zero=False))
@@ -70,15 +79,24 @@ class Tuning:
             object.__setattr__(self, name, seeds)
         if self.shared is not None and set(self.shared) != set(HPARAMS):
             raise ValueError(f"shared: expected keys {HPARAMS}, got {sorted(self.shared)}")
+        if isinstance(self.extend, bool) or not isinstance(self.extend, int) or self.extend < 0:
+            raise ValueError(f"extend: expected an int >= 0, got {self.extend!r}")
+        ru = tuple(self.runner_up_seeds)
+        if len(set(ru)) != len(ru) or not all(isinstance(x, int) and x >= 0 for x in ru):
+            raise ValueError(f"runner_up_seeds: expected distinct non-negative ints, got {self.runner_up_seeds!r}")
+        object.__setattr__(self, "runner_up_seeds", ru)
 
     def grid(self) -> list[dict]:
         """Every grid point, learning rate major."""
         return [{"lr": lr, "weight_decay": wd} for lr in self.lrs for wd in self.weight_decays]
 
     def describe(self) -> str:
+        wd = "" if len(self.weight_decays) > 2 else " (a two-value axis: its edge flag says little)"
+        more = (f", extended up to {self.extend} step(s) past an edge the best sits on" if self.extend else "") + (
+            f", {len(self.runner_up_seeds)} seeds at each arm's runner-up setting" if self.runner_up_seeds else "")
         return (f"lr {{{', '.join(f'{v:g}' for v in self.lrs)}}} × weight decay "
-                f"{{{', '.join(f'{v:g}' for v in self.weight_decays)}}}, {len(self.tune_seeds)} tuning seeds, "
-                f"{len(self.seeds)} final seeds")
+                f"{{{', '.join(f'{v:g}' for v in self.weight_decays)}}}{wd}, {len(self.tune_seeds)} tuning seeds, "
+                f"{len(self.seeds)} final seeds{more}")
 
 
 def arm_id(cell: dict) -> str:
@@ -96,6 +114,7 @@ class Choice:
     score: float
     scores: dict
     edge: tuple[str, ...]
+    runner_up: dict | None = None  # the second-best scored setting
 
 
 def _seed_scores(tuning: Tuning, by_seed) -> list[float] | None:
@@ -110,22 +129,75 @@ def _seed_scores(tuning: Tuning, by_seed) -> list[float] | None:
     return vals if len(vals) >= len(tuning.tune_seeds) else None
 
 
-def choose(tuning: Tuning, scores: dict[tuple[float, float], dict[int, float]]) -> Choice | None:
-    """The grid point with the lowest mean validation score over the tuning seeds (``scores``: per grid point,
-    ``{seed: score}`` as ``tune_scores`` gives them); None until every grid point has a score from every tuning
-    seed. A grid point whose seeds diverged (non-finite) is never chosen; if all diverged the arm has no choice."""
-    grid = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
-    got = {p: _seed_scores(tuning, scores.get(p)) for p in grid}
+def _step(axis: tuple[float, ...], value: float, up: bool) -> float | None:
+    """The next value beyond ``value`` on a geometric continuation of ``axis`` (None below a zero)."""
+    vals = sorted(axis)
+    if len(vals) < 2 or (not up and value <= 0):
+        return None
+    lo, hi = (vals[-2], vals[-1]) if up else (vals[0], vals[1])
+    if lo <= 0:  # an axis starting at 0 (weight decay): continue with the ratio of its two largest positive values
+        pos = [v for v in vals if v > 0]
+        if len(pos) < 2:
+            return None if not up else value * 10.0
+        lo, hi = pos[-2], pos[-1]
+    ratio = hi / lo
+    return value * ratio if up else value / ratio
+
+
+def arm_grid(tuning: Tuning, scores: dict) -> list[tuple[float, float]]:
+    """The points an arm is scored at: the grid, then (``tuning.extend``) one point at a time beyond the edge its
+    best sits on, at the best's value of the other axis, while the scores so far put the best there."""
+    points = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
+    taken: dict[tuple[int, bool], int] = {}
+    while True:
+        choice = _choice_on(tuning, points, scores)
+        if choice is None:
+            return points
+        best = (choice.setting["lr"], choice.setting["weight_decay"])
+        nxt = None
+        for axis_i, base in enumerate((tuning.lrs, tuning.weight_decays)):
+            if len(base) < 2:
+                continue
+            axis = sorted({p[axis_i] for p in points})
+            for up, edge_value in ((True, axis[-1]), (False, axis[0])):
+                if best[axis_i] != edge_value or taken.get((axis_i, up), 0) >= tuning.extend:
+                    continue
+                value = _step(tuple(axis), edge_value, up)
+                if value is not None:
+                    nxt = (axis_i, up, (value, best[1]) if axis_i == 0 else (best[0], value))
+                    break
+            if nxt:
+                break
+        if nxt is None:
+            return points
+        taken[(nxt[0], nxt[1])] = taken.get((nxt[0], nxt[1]), 0) + 1
+        points.append(nxt[2])
+
+
+def _choice_on(tuning: Tuning, points: list[tuple[float, float]], scores: dict) -> Choice | None:
+    got = {p: _seed_scores(tuning, scores.get(p)) for p in points}
     if any(v is None for v in got.values()):
         return None
-    means = {p: statistics.fmean(got[p]) if all(math.isfinite(v) for v in got[p]) else math.inf for p in grid}
-    best = min(grid, key=lambda p: (means[p], grid.index(p)))  # ties: the first on the grid (declared order)
+    means = {p: statistics.fmean(got[p]) if all(math.isfinite(v) for v in got[p]) else math.inf for p in points}
+    ranked = sorted(points, key=lambda p: (means[p], points.index(p)))  # ties: the first scored (declared order)
+    best = ranked[0]
     if not math.isfinite(means[best]):
         return None
-    edge = tuple(name for name, axis, v in (("lr", tuning.lrs, best[0]), ("weight_decay", tuning.weight_decays,
-                                                                           best[1]))
-                 if len(axis) > 1 and v in (min(axis), max(axis)))
-    return Choice({"lr": best[0], "weight_decay": best[1]}, means[best], means, edge)
+    lr_axis, wd_axis = sorted({p[0] for p in points}), sorted({p[1] for p in points})
+    edge = tuple(name for name, axis, v in (("lr", lr_axis, best[0]), ("weight_decay", wd_axis, best[1]))
+                 if len(axis) > 1 and v in (axis[0], axis[-1]))
+    second = ranked[1] if len(ranked) > 1 and math.isfinite(means[ranked[1]]) else None
+    return Choice({"lr": best[0], "weight_decay": best[1]}, means[best], means, edge,
+                  None if second is None else {"lr": second[0], "weight_decay": second[1]})
+
+
+def choose(tuning: Tuning, scores: dict[tuple[float, float], dict[int, float]]) -> Choice | None:
+    """The scored point with the lowest mean validation score over the tuning seeds (``scores``: per grid point,
+    ``{seed: score}`` as ``tune_scores`` gives them) on the arm's grid (``arm_grid``: the declared grid, extended
+    past an edge where ``tuning.extend`` allows); None until every point of it has a score from every tuning seed.
+    A point whose seeds diverged (non-finite) is never chosen; if all diverged the arm has no choice. ``edge``: the
+    axes whose chosen value is the smallest or largest scored one (the optimum may lie beyond)."""
+    return _choice_on(tuning, arm_grid(tuning, scores), scores)
 
 
 def tune_scores(records: list[dict], metric: str) -> dict[str, dict[tuple[float, float], dict[int, float]]]:
@@ -165,16 +237,22 @@ def tuned_cells(tuning: Tuning, arms: list[dict], records: list[dict],
     scores = tune_scores(records, tuning.metric)
     cells, waiting, choices = [], [], {}
     for arm in arms:
-        cells += [{**arm, "phase": "tune", **g, "seed": s} for g in tuning.grid() for s in tuning.tune_seeds]
+        own = scores.get(arm_id(arm), {})
+        cells += [{**arm, "phase": "tune", "lr": lr, "weight_decay": wd, "seed": s}
+                  for lr, wd in arm_grid(tuning, own) for s in tuning.tune_seeds]
         if tuning.shared is not None:
             cells += [{**f, "phase": "shared", **tuning.shared, "seed": s} for f in finals(arm) for s in tuning.seeds]
-        choice = choose(tuning, scores.get(arm_id(arm), {}))
+        choice = choose(tuning, own)
         if choice is None:
-            waiting += [{**f, "phase": "tuned", "lr": None, "weight_decay": None, "seed": s} for f in finals(arm)
-                        for s in tuning.seeds]
+            waiting += [{**f, "phase": phase, "lr": None, "weight_decay": None, "seed": s} for f in finals(arm)
+                        for phase, seeds in (("tuned", tuning.seeds), ("runner_up", tuning.runner_up_seeds))
+                        for s in seeds]
             continue
         choices[arm_id(arm)] = choice
         cells += [{**f, "phase": "tuned", **choice.setting, "seed": s} for f in finals(arm) for s in tuning.seeds]
+        if choice.runner_up is not None:
+            cells += [{**f, "phase": "runner_up", **choice.runner_up, "seed": s} for f in finals(arm)
+                      for s in tuning.runner_up_seeds]
     return cells, waiting, choices
 
 
@@ -208,17 +286,27 @@ def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], st
             arms.setdefault(arm_id(rec["cell"]), rec["cell"])
     grid = [(g["lr"], g["weight_decay"]) for g in tuning.grid()]
     head = " | ".join(f"lr {lr:g}, wd {wd:g}" for lr, wd in grid)
+    ext = " | extended past the edge" if tuning.extend else ""
     lines = [f"## Tuning ({tuning.describe()}; mean validation {tuning.metric} over the tuning seeds, lower is "
-             "better)", "", f"| arm | {head} | chosen | on the edge |", "|" + "---|" * (len(grid) + 3)]
+             "better)", "", f"| arm | {head}{ext} | chosen | runner-up | on the edge |",
+             "|" + "---|" * (len(grid) + 4 + bool(ext))]
     for aid, cell in sorted(arms.items(), key=lambda kv: label(kv[1])):
         by = scores.get(aid, {})
-        own = {p: [v for seed, v in by[p].items() if seed in tuning.tune_seeds] for p in grid if p in by}
+        own = {p: [v for seed, v in by[p].items() if seed in tuning.tune_seeds] for p in by}
         means = [statistics.fmean(own[p]) if own.get(p) else math.nan for p in grid]
         choice = choose(tuning, by)
+        extra = [p for p in arm_grid(tuning, by) if p not in grid]
+        ext_cell = (" | " + ("; ".join(f"lr {lr:g}, wd {wd:g}: " + (f"{statistics.fmean(own[(lr, wd)]):.4g}"
+                                                                     if own.get((lr, wd)) else "pending")
+                                       for lr, wd in extra) or "–")) if ext else ""
         chosen = (f"lr {choice.setting['lr']:g}, wd {choice.setting['weight_decay']:g}" if choice
                   else "not yet (tuning unfinished or diverged)")
-        edge = ("**yes: " + ", ".join(choice.edge) + "**") if choice and choice.edge else "no"
-        lines.append(f"| {label(cell)} | " + " | ".join(f"{m:.4g}" for m in means) + f" | {chosen} | {edge} |")
+        second = (f"lr {choice.runner_up['lr']:g}, wd {choice.runner_up['weight_decay']:g}"
+                  if choice and choice.runner_up else "–")
+        edge = ("**yes: " + ", ".join(choice.edge) + (" (after extending)" if extra else "") + "**"
+                if choice and choice.edge else "no")
+        lines.append(f"| {label(cell)} | " + " | ".join(f"{m:.4g}" for m in means)
+                     + f"{ext_cell} | {chosen} | {second} | {edge} |")
     return lines
 
 
@@ -243,6 +331,5 @@ def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what
     return lines
 
 
-__all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_id", "calibration_lines", "choose", "execute_stages",
-           "report_lines",
-           "tune_scores", "tuned_cells"]
+__all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_grid", "arm_id", "calibration_lines", "choose",
+           "execute_stages", "report_lines", "tune_scores", "tuned_cells"]

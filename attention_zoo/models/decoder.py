@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..checks import check_choice, check_positive_int
 from ..registry import get_attention_spec
 from ..variants.rotary import ROPE_BASE, Rotary
+from ..variants.seed_axis import by_seed, seeds_of
 from .stack import AttentionStack, StackConfig
 
 
@@ -60,6 +61,8 @@ class Decoder(nn.Module):
             values, ``causal`` or ``tie_weights`` not a bool, tokens not an integer [B,T] tensor within the
             vocabulary and ``max_seq_len``.
     """
+
+    ensemble_parameters = ("pos_emb",)  # learned positions may carry a seed axis (engine.ensemble)
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, attention: str = "mha",
                  attention_options: dict | None = None, share_across_layers: bool | None = None,
@@ -111,7 +114,9 @@ class Decoder(nn.Module):
         x = self.tok_emb(tokens)  # (B, T, D)
         rotary = None
         if self.pos_emb is not None:
-            x = x + self.pos_emb[:T]
+            S = seeds_of(self.pos_emb, 2)
+            # a grouped ensemble (engine.ensemble): one table [S, max_seq_len, D] per seed, over a seed-major batch
+            x = x + self.pos_emb[:T] if not S else (by_seed(x, S) + self.pos_emb[:, None, :T]).flatten(0, 1)
         else:
             rotary = Rotary.standard(T, self.stack.layers[0].attn.rotary_dim, base=ROPE_BASE, device=x.device,
                                      dtype=x.dtype)

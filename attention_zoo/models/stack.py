@@ -86,14 +86,55 @@ class FeedForward(nn.Sequential):
                          nn.Dropout(dropout))
 
 
-class Block(nn.Module):
-    """Pre-LN: x + Attn(LN(x)), x + FFN(LN(x)). Post-LN (docs/variants.md §0.2): LN(x + Attn(x)), LN(x + FFN(x))."""
+class SliceNorm(nn.Module):
+    """LayerNorm over each of ``groups`` equal slices of the last axis (a ``subspace_towers`` stack): no statistic
+    crosses slices. Its weight and bias are D-vectors, as nn.LayerNorm's."""
 
-    def __init__(self, attn: nn.Module, d_model: int, d_ff: int, dropout: float, norm: str):
+    def __init__(self, d_model: int, groups: int):
+        super().__init__()
+        self.groups = groups
+        self.weight, self.bias = nn.Parameter(torch.ones(d_model)), nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        G = self.groups
+        xs = x.unflatten(-1, (G, -1))  # (..., G, D/G)
+        y = nn.functional.layer_norm(xs, xs.shape[-1:])
+        return (y * self.weight.view(G, -1) + self.bias.view(G, -1)).flatten(-2)  # (..., D)
+
+
+class SliceFeedForward(nn.Module):
+    """A feed-forward network per slice (``groups`` towers, d_ff/groups hidden units each): block-diagonal weights,
+    so no slice reads another."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, groups: int):
+        super().__init__()
+        d, f = d_model // groups, max(1, d_ff // groups)
+        self.groups = groups
+        self.w1 = nn.Parameter(torch.randn(groups, d, f) / d**0.5)
+        self.b1 = nn.Parameter(torch.zeros(groups, f))
+        self.w2 = nn.Parameter(torch.randn(groups, f, d) / f**0.5)
+        self.b2 = nn.Parameter(torch.zeros(groups, d))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        xs = x.unflatten(-1, (self.groups, -1))  # (..., G, d)
+        h = self.drop(nn.functional.gelu(torch.einsum("...gd,gdf->...gf", xs, self.w1) + self.b1))
+        return self.drop(torch.einsum("...gf,gfd->...gd", h, self.w2) + self.b2).flatten(-2)  # (..., D)
+
+
+class Block(nn.Module):
+    """Pre-LN: x + Attn(LN(x)), x + FFN(LN(x)). Post-LN (docs/variants.md §0.2): LN(x + Attn(x)), LN(x + FFN(x)).
+    ``towers`` > 1 (a ``subspace_towers`` attention): per-slice norms and feed-forward, one tower per head slice."""
+
+    def __init__(self, attn: nn.Module, d_model: int, d_ff: int, dropout: float, norm: str, towers: int = 1):
         super().__init__()
         self.attn, self.pre = attn, norm == "pre"
-        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        if towers > 1:
+            self.ln1, self.ln2 = SliceNorm(d_model, towers), SliceNorm(d_model, towers)
+            self.ffn = SliceFeedForward(d_model, d_ff, dropout, towers)
+        else:
+            self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.ffn = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None, stack_context,
@@ -130,7 +171,8 @@ class AttentionStack(nn.Module):
         for i in range(cfg.n_layers):
             stack = StackShare(self.shared, i, cfg.n_layers) if spec.stack_shared else None
             attn = create_attention(cfg.attention, **common, stack=stack, **opts)
-            layers.append(Block(attn, cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.dropout, cfg.norm))
+            layers.append(Block(attn, cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.dropout, cfg.norm,
+                                towers=cfg.n_heads if spec.subspace_towers else 1))
         self.layers = nn.ModuleList(layers)
         # Only variants that declare an auxiliary loss set one: the others' stacks skip the collection walk.
         self.collects_aux_loss = spec.has_aux_loss

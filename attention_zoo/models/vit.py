@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_positive_int
+from ..variants.seed_axis import by_seed, seeds_of
 from .decoder import ModelOutput
 from .stack import AttentionStack, StackConfig
 
@@ -22,6 +23,8 @@ class VisionTransformer(nn.Module):
             ``share_mlp`` given with different values, images of the wrong shape, not floating-point (uint8
             pixels), or of another dtype than the parameters outside autocast (float64 into a float32 model).
     """
+
+    ensemble_parameters = ("cls_token", "pos_emb")  # may carry a seed axis (engine.ensemble)
 
     def __init__(self, image_size: int, patch_size: int, num_classes: int, d_model: int, n_layers: int,
                  n_heads: int, attention: str = "mha", attention_options: dict | None = None,
@@ -61,8 +64,13 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"images: dtype {images.dtype} does not match the model's parameters ({dtype}); convert "
                              "the images or the model")
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N+1, D)
-        h, aux = self.stack(self.drop(x + self.pos_emb))
+        S = seeds_of(self.pos_emb, 3)
+        if S:  # a grouped ensemble (engine.ensemble): [S, 1, …, D] per seed, over a seed-major batch
+            cls = self.cls_token.expand(S, x.shape[0] // S, 1, -1).flatten(0, 1)  # (S·B, 1, D)
+            x = (by_seed(torch.cat([cls, x], dim=1), S) + self.pos_emb).flatten(0, 1)  # (S·B, N+1, D)
+        else:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_emb  # (B, N+1, D)
+        h, aux = self.stack(self.drop(x))
         return ModelOutput(self.head(self.norm(h[:, 0])), aux)
 
     def get_M_matrices(self) -> list[tuple[str, Tensor]]:

@@ -10,7 +10,6 @@ Rotary positions (``rotary``, ``rotary.py``) reach the variants that declare ``r
 from __future__ import annotations
 
 import abc
-import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -29,25 +28,9 @@ from ..checks import (  # noqa: F401 - the variants take their checks from here
     check_fraction,
     check_positive_int,
 )
+from .autocast import autocast_cast, autocast_enabled, autocast_off  # noqa: F401 - re-exported, as below
 from .masks import Masks, resolve_masks  # noqa: F401 - re-exported: the variants take them from here
 from .rotary import Rotary, apply_rotary  # noqa: F401 - re-exported, as above
-
-
-def autocast_enabled(device_type: str) -> bool:
-    """``torch.is_autocast_enabled(device_type)``; False where autocast does not exist (the meta device, on which
-    shape-only runs count a step's kernels)."""
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except RuntimeError:
-        return False
-
-
-def autocast_off(device_type: str):
-    """``torch.autocast(device_type, enabled=False)``, or nothing where autocast does not exist (meta)."""
-    try:
-        return torch.autocast(device_type, enabled=False)
-    except RuntimeError:
-        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -91,19 +74,6 @@ class StackShare:
         return stack
 
 
-def autocast_cast(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
-    """The tensors as autocast hands them to a matmul: floating ones other than float64 in autocast's dtype, the
-    rest (and everything outside autocast) unchanged. A custom autograd Function runs its backward outside
-    autocast, so its callers cast with this before ``apply`` and run the Function with autocast off: forward and
-    backward then compute in one dtype (what ``torch.amp.custom_fwd(cast_inputs=...)`` does for one device)."""
-    ref = next((t for t in tensors if t is not None), None)
-    if ref is None or not autocast_enabled(ref.device.type):
-        return tensors
-    dtype = torch.get_autocast_dtype(ref.device.type)
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-                 for t in tensors)
-
-
 def value_shape(value) -> list[int] | None:
     """Shape of a traced TorchScript value (what an fvcore op handle receives), None when the tracer lost it."""
     return value.type().sizes() if value.isCompleteTensor() else None
@@ -130,6 +100,9 @@ class AttentionBase(nn.Module, abc.ABC):
     stack_shared = False
     has_metric = False
     rotary_ok = False  # applies the rotary positions handed to forward (``rotary``) to its queries and keys
+    # One tower per head slice: the head slices never meet in this attention, and a backbone that reads the flag
+    # keeps them apart in its norms and feed-forward too (per-slice), so they meet only in the model's head.
+    subspace_towers = False
     # Why a measurement differs from what the formulas lead one to expect; reports print them where it shows.
     flop_count_note = ""  # the FLOP counters vs analytic_flops
     memory_note = ""  # training memory below MHA's

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, check_positive_int
+from .seed_axis import by_seed, seeds_of
 
 _PAPER_ONLY = ("shared_dim", "mixing_init", "content_bias")
 
@@ -59,6 +60,7 @@ class CollaborativeAttention(AttentionBase):
     fused_kernel = False  # explicit core: faster than SDPA's math fallback on CPU (module docstring)
     rotary_ok = True
     flavors = ("paper", "damcha_repo")
+    ensemble_parameters = ("mixing", "combine_q", "combine_k")  # may carry a seed axis (engine.ensemble)
 
     def __init__(
         self,
@@ -119,8 +121,13 @@ class CollaborativeAttention(AttentionBase):
         if self.flavor == "damcha_repo":
             q = self.q_proj(x).view(B, T, H, self.head_dim)  # (B, T, H_in, dh)
             k = self.k_proj(x).view(B, T, H, self.head_dim)
-            q = torch.einsum("oi,btid->botd", self.combine_q, q)  # (B, H_out, T, dh)
-            k = torch.einsum("oi,btid->botd", self.combine_k, k)
+            S = seeds_of(self.combine_q, 2)
+            if S:  # a grouped ensemble: [S, H, H] per seed over a seed-major batch
+                q = torch.einsum("soi,sbtid->sbotd", self.combine_q, by_seed(q, S)).flatten(0, 1)
+                k = torch.einsum("soi,sbtid->sbotd", self.combine_k, by_seed(k, S)).flatten(0, 1)
+            else:
+                q = torch.einsum("oi,btid->botd", self.combine_q, q)  # (B, H_out, T, dh)
+                k = torch.einsum("oi,btid->botd", self.combine_k, k)
             q, k = apply_rotary(q, k, rotary)  # on the mixed per-head queries and keys
             out = self.sdpa(q, k, v, masks)
         else:
@@ -128,7 +135,11 @@ class CollaborativeAttention(AttentionBase):
             q = self.q_proj(x)  # (B, T, D̃)
             k = self.k_proj(x)  # (B, T, D̃)
             # the scale is folded into the small operands instead of the [B,H,T,S] logits
-            qm = q[:, None] * (self.mixing * self.scale)[:, None, :]  # (B, H, T, D̃)
+            S = seeds_of(self.mixing, 2)
+            if S:  # a grouped ensemble: one [H, D̃] mixing per seed over a seed-major batch
+                qm = (by_seed(q, S)[:, :, None] * (self.mixing * self.scale)[:, None, :, None, :]).flatten(0, 1)
+            else:
+                qm = q[:, None] * (self.mixing * self.scale)[:, None, :]  # (B, H, T, D̃)
             if rotary is not None:  # each head's query Q̃ ⊙ m_i and the shared key K̃, so scores stay relative
                 qm, k = rotary.rotate(qm), rotary.rotate(k, heads=False)
             scores = (qm.view(B, H * T, Dt) @ k.transpose(1, 2)).view(B, H, T, T)  # (B, H, T, S)

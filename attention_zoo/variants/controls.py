@@ -18,15 +18,21 @@ the seven variants and any script runs a control by name (``--variants mha,damch
   for the stack when shared as DAMCHA's generator is), the paper's own ablation, reported as a control.
 - ``damcha_bm`` (budget-matched DAMCHA): DAMCHA with a collapsed generator (H·dₕ·dₕ outputs, the functionally
   distinct RowSums) and one hidden layer whose width is solved so the model has MHA's parameter count.
+- ``mha_sep`` (separate towers, the positive control of the synthetic λ axis): MHA whose head i reads only the
+  i-th slice of its input and writes only the i-th slice of its output (block-diagonal Q, K, V and output
+  projections), with the ``subspace_towers`` capability, so a backbone keeps the slices apart in its norms and
+  feed-forward too: one tower per subspace, which meet only in the model's pooled head. A task whose error for this
+  arm does not rise with the cross-subspace weight does not isolate cross-head interaction.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import Masks, Rotary, StackShare, check_positive_int
+from .base import AttentionBase, Masks, Rotary, StackShare, check_positive_int
 from .damcha import MBasedAttention
 from .damcha_generator import MetricConfig, token_context
 from .mha import MultiHeadAttention
@@ -291,3 +297,42 @@ class BudgetMatchedDAMCHA(MBasedAttention):
 CONTROL_TARGETS = {"mha_pm": "damcha", "mha_ctx": "damcha", "damcha_bm": "mha"}  # whose parameter count each matches
 __all__ = ["CONTROL_TARGETS", "BudgetMatchedDAMCHA", "ContextMLP", "ContextMLPMHA", "ParamMatchedMHA",
            "PositionwiseMLP", "StaticMetricDAMCHA", "damcha_generator_params", "mlp_params"]
+
+
+@register_attention("mha_sep")
+class SeparateTowersAttention(AttentionBase):
+    """MHA with block-diagonal projections: head i attends over, and writes to, slice i of the width only."""
+
+    control = True
+    fused_kernel = True
+    subspace_towers = True
+    flavors = ("paper",)
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", bias: bool = True, max_seq_len: int | None = None):
+        super().__init__(d_model, n_heads, causal, dropout, flavor, max_seq_len)
+        H, d = n_heads, self.head_dim
+        self.bias = bool(bias)
+        self.w_qkv = nn.Parameter(torch.randn(H, d, 3 * d) / d**0.5)  # per head: its slice -> its q, k, v
+        self.w_out = nn.Parameter(torch.randn(H, d, d) / d**0.5)  # per head: its output -> its slice
+        self.b_qkv = nn.Parameter(torch.zeros(H, 3 * d)) if bias else None
+        self.b_out = nn.Parameter(torch.zeros(H, d)) if bias else None
+
+    def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
+        xs = x.unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, d)
+        qkv = torch.einsum("bthd,hde->bhte", xs, self.w_qkv)  # (B, H, T, 3d)
+        if self.b_qkv is not None:
+            qkv = qkv + self.b_qkv[:, None, :]
+        q, k, v = qkv.chunk(3, dim=-1)  # (B, H, T, d) each
+        out = torch.einsum("bhtd,hde->bthe", self.sdpa(q, k, v, masks), self.w_out)  # (B, T, H, d)
+        if self.b_out is not None:
+            out = out + self.b_out
+        return out.flatten(-2)  # (B, T, D)
+
+    def analytic_params(self) -> int:
+        D, H = self.d_model, self.n_heads
+        return 4 * D * D // H + (4 * D if self.bias else 0)
+
+    def analytic_flops(self, batch: int, seq_len: int) -> int:
+        D, H, T = self.d_model, self.n_heads, seq_len
+        return batch * (8 * T * D * D // H + 4 * T * T * D)  # block-diagonal projections + QK^T and AV

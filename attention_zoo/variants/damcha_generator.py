@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .base import autocast_enabled, check_choice, check_fraction, check_positive_int, value_shape
+from .damcha_factored import FactoredMetrics
 from .damcha_ops import (  # noqa: F401  (fold_rowsum, _RowSumLinear: also imported from here by callers)
     FoldRowSum,
     GradStorage,
@@ -103,6 +104,8 @@ class MetricContext:
     metrics: Tensor | None  # [B, H, dh, dh]; causal: [B, T, H, dh, dh] when stored, else None (made per chunk)
     # Stored causal metrics read by several layers: their gradients meet in one buffer (see ``SharedMetricGrad``).
     metric_grad: SharedMetricGrad | None = None
+    # Stored causal compact-rank metrics as their factors (``damcha_factored``): read instead of ``metrics``.
+    factors: FactoredMetrics | None = None
 
 
 class StructuredMLPForM(nn.Module):
@@ -294,7 +297,9 @@ class StructuredMLPForM(nn.Module):
         if self.runs_per_layer:
             return None
         ctx = self.prepare(x, padding_mask)
-        if self.stores_metrics:
+        if self.stores_metrics and self.factored(None):
+            ctx.factors = self.metric_factors(ctx.hidden)  # U, Vs per position, read by every layer
+        elif self.stores_metrics:
             ctx.metrics = self.metric_fn(ctx.alpha, None)(ctx.hidden)  # (B, T, H, dh, dh), read by every layer
             if ctx.metrics.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
                 ctx.metric_grad = SharedMetricGrad(ctx.metrics, self.metric_grad_storage)
@@ -410,18 +415,44 @@ class StructuredMLPForM(nn.Module):
             M = M * block_scale_matrix(H, *self.block_scales, M)[:, None, :, None]
         return M
 
+    def factored(self, layer_idx: int | None) -> bool:
+        """Whether the causal queries take the factored compact-rank product (``damcha_factored``): a fused compact
+        rank without a layer bias (its constant RowSum is not a product of the factors)."""
+        return self.causal and self.fused and bool(self.cfg.compact_rank) and not self.cfg.use_layer_bias
+
+    def metric_factors(self, z: Tensor) -> FactoredMetrics:
+        """The compact-rank metrics of hidden activations z [..., w] as their factors (block scales applied).
+
+        With unit block scales the V half of the output layer enters only through Vs = Σ_j V_j, so it is summed over
+        the heads j on the weights (as the fused RowSum is): D·r outputs instead of H·D·r (a grouped copy, whose
+        weight carries the seed axis, calls the layer instead)."""
+        H, dh, r = self.n_heads, self.head_dim, self.cfg.compact_rank
+        W, b = self.out.weight, self.out.bias
+        if not self._unit_scales() or W.dim() != 2:
+            S = None if self._unit_scales() else block_scale_matrix(H, *self.block_scales, W)
+            return FactoredMetrics.from_outputs(self.out(z), H, dh, r, S)
+        n = self.d_model * r  # rows [U (D·r); V (D·r)]
+        U = F.linear(z, W[:n], b[:n]).unflatten(-1, (H, dh, r))
+        Vs = F.linear(z, W[n:].view(H, dh * r, -1).sum(0), b[n:].view(H, dh * r).sum(0))
+        return FactoredMetrics(U, Vs.unflatten(-1, (1, dh, r)), 1.0 / math.sqrt(r))
+
     def queries(self, xh: Tensor, ctx: MetricContext, layer_idx: int | None) -> Tensor:
         """q_i = X_i m_i for the heads' raw slices xh [B,H,T,dh]."""
+        if ctx.factors is not None:
+            return ctx.factors.queries(xh)
         if ctx.metric_grad is not None:
             return ctx.metric_grad.queries(xh)
         if ctx.metrics is not None:
             return head_queries(xh, ctx.metrics)
         fn = self.metric_fn(ctx.alpha, layer_idx)
+        factored = self.factored(layer_idx)
         B, H, T, dh = xh.shape
         per_pos = B * (H * dh * dh if self.fused else self.d_model**2)
         chunk = self.cfg.query_chunk or max(1, _CHUNK_BUDGET // per_pos)
 
         def chunk_queries(x_c: Tensor, z_c: Tensor) -> Tensor:
+            if factored:  # the metrics' factors only: no [B, chunk, H, dh, dh] tensor
+                return self.metric_factors(z_c).queries(x_c)
             return head_queries(x_c, fn(z_c))  # metrics for `chunk` positions only
 
         # Checkpointing keeps the [B,chunk,H,dh,dh] metrics out of the autograd graph: memory O(B·T·D) + a chunk.
@@ -444,9 +475,10 @@ class StructuredMLPForM(nn.Module):
         return M.mean(0).reshape(self.d_model, self.d_model)
 
     def ensemble_prepare(self) -> None:
-        """For ``engine.ensemble``: the fused RowSum reads the output layer's raw weight; the explicit path (same
-        values and gradients, docs/variants.md §7.4) calls the layer, which a grouped copy replaces."""
-        if self.fused and not self.collapsed:
+        """For ``engine.ensemble``: the fused RowSum of a full D² output reads the output layer's raw weight; the
+        explicit path (same values and gradients, docs/variants.md §7.4) calls the layer, which a grouped copy
+        replaces. The fused compact-rank path already calls the layer (per head, no D×D tensor): it stays."""
+        if self.fused and not self.collapsed and not self.cfg.compact_rank:
             self.cfg = replace(self.cfg, fused_rowsum=False)
 
     # ---- analytic costs -------------------------------------------------------------------------------------

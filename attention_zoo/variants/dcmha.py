@@ -11,6 +11,7 @@ from .base import AttentionBase, Masks, Rotary, apply_rotary, check_choice, chec
 from .headmix import MixStage, mix_heads, mixed_attention, rezero, softmax_fp32
 from .headmix_batched import use_batched
 from .headmix_workspace import Workspace
+from .seed_axis import by_seed, seeds_of
 
 RMS_EPS = 1e-6  # flax nn.RMSNorm default, as in the reference generator
 
@@ -86,6 +87,7 @@ class DynamicallyComposableMHA(AttentionBase):
     needs_full_logits = True
     rotary_ok = True
     flavors = ("paper", "damcha_repo")
+    ensemble_parameters = ("dyn_w2",)  # may carry a seed axis (engine.ensemble; use_static models are not grouped)
 
     def __init__(
         self,
@@ -164,7 +166,11 @@ class DynamicallyComposableMHA(AttentionBase):
         B, T, _ = x.shape
         n, R, H = len(self.splits), self.rank, self.n_heads
         hidden = F.gelu(self.dyn_w1(x), approximate=self.gelu_approximate).view(B, T, n, -1)  # (B, T, n, C)
-        w = torch.einsum("btnc,nck->btnk", hidden, self.dyn_w2).view(B, T, n, 2 * R, H)  # (B, T, n, 2R, H)
+        S = seeds_of(self.dyn_w2, 3)
+        if S:  # a grouped ensemble: one W2 per seed over a seed-major batch
+            w = torch.einsum("sbtnc,snck->sbtnk", by_seed(hidden, S), self.dyn_w2).reshape(B, T, n, 2 * R, H)
+        else:
+            w = torch.einsum("btnc,nck->btnk", hidden, self.dyn_w2).view(B, T, n, 2 * R, H)  # (B, T, n, 2R, H)
         w1, w2 = w.split(R, dim=3)  # (B, T, n, R, H) each
         # the norm in at least fp32 (as flax's RMSNorm): in fp16, w1's tiny squares underflow to 0 and the
         # gradient of rsqrt(0 + eps) overflows

@@ -68,6 +68,16 @@ class Masks:
 
         return Masks(pick(self.keep), pick(self.bias), pick(self.dead), self.padding, self.causal, self.causal_only)
 
+    def for_batch(self, rows: slice) -> Masks:
+        """The masks restricted to a block of batch rows (batch axis 0, broadcast axes kept): one seed's slice of a
+        grouped ensemble's seed-major batch."""
+
+        def pick(t):
+            return t if t is None or t.shape[0] == 1 else t[rows]
+
+        return Masks(pick(self.keep), pick(self.bias), pick(self.dead), pick(self.padding), self.causal,
+                     self.causal_only)
+
 
 @functools.lru_cache(maxsize=16)
 def _causal_keep(seq_len: int, device: torch.device) -> Tensor:

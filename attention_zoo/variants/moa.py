@@ -40,6 +40,7 @@ from .base import (
     check_positive_int,
     value_shape,
 )
+from .seed_axis import by_seed, seeds_of
 
 _NOISE_EPS = 1e-2  # floor of the noisy-gating std (reference MoE.top_k_gating)
 _CV_EPS = 1e-10  # reference cv_squared
@@ -114,13 +115,18 @@ def _stream_forward(inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int
 def _stream_backward(grad: Tensor, inp: Tensor, w: Tensor, pos: Tensor, offs: Tensor, k_in: int,
                      k_out: int) -> tuple[Tensor, Tensor]:
     src, dst = pos // k_in, pos // k_out
-    grad_in, grad_w = torch.zeros_like(inp), inp.new_zeros(w.shape)  # an expert with no rows: zero gradient
+    # Slot-layout input (k_in = 1): every input row belongs to exactly one pair, so each is written once (a copy:
+    # the same bits as adding it to zero, without the zero fill and the reads of the add); token layout: summed.
+    grad_in = torch.empty_like(inp) if k_in == 1 else torch.zeros_like(inp)
+    grad_w = inp.new_empty(w.shape)
     start = 0
     for e, end in enumerate(offs.tolist()):
         if end > start:
             g = grad.index_select(0, dst[start:end])  # (n_e, n_out)
-            grad_in.index_add_(0, src[start:end], g @ w[e].T)  # (n_e, n_in) summed into its input rows
+            (grad_in.index_copy_ if k_in == 1 else grad_in.index_add_)(0, src[start:end], g @ w[e].T)  # (n_e, n_in)
             torch.mm(inp.index_select(0, src[start:end]).T, g, out=grad_w[e])  # (n_in, n_out)
+        else:
+            grad_w[e].zero_()  # an expert with no rows: zero gradient
         start = end
     return grad_in, grad_w
 
@@ -220,6 +226,9 @@ class MixtureOfAttentionHeads(AttentionBase):
     has_aux_loss = True
     rotary_ok = True
     flavors = ("paper", "damcha_repo")
+    # A grouped ensemble (engine.ensemble) holds [S, E, …] experts: seed s's tokens route among its own E experts,
+    # run as experts s·E … s·E + E − 1 of one dispatch, and its balancing loss is its own (the losses are summed).
+    ensemble_parameters = ("w_q", "w_k", "w_v", "w_o")
 
     @classmethod
     def fvcore_handles(cls) -> dict:
@@ -312,13 +321,17 @@ class MixtureOfAttentionHeads(AttentionBase):
         if real is not None:
             probs = probs * real[:, None]  # padded tokens route nowhere and join no statistic
         gates, idx = _top_k(probs, k)  # (N, k): full-softmax probabilities, not renormalised
-        self.aux_loss = self._balance_loss(logits, probs, gates, idx, real)
-
-        pos = torch.argsort(idx.reshape(-1), stable=True)  # (N*k,) pair indices t*k+j grouped by expert
-        flat = idx.reshape(-1)
-        counts = torch.zeros(E, dtype=flat.dtype, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+        S = seeds_of(self.w_q, 3)
+        self.aux_loss = self._balance_loss(logits, probs, gates, idx, real, max(S, 1))
+        w_q, w_o, flat = self.w_q, self.w_o, idx.reshape(-1)
+        if S:  # a grouped ensemble: seed s's experts are experts s·E … s·E + E − 1 of one dispatch
+            w_q, w_o = w_q.flatten(0, 1), w_o.flatten(0, 1)  # (S·E, …)
+            flat = (by_seed(idx, S) + torch.arange(0, S * E, E, device=idx.device)[:, None, None]).reshape(-1)
+        pos = torch.argsort(flat, stable=True)  # (N*k,) pair indices t*k+j grouped by expert
+        counts = torch.zeros(w_q.shape[0], dtype=flat.dtype, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         offs = counts.cumsum(0).to(torch.int32)  # (E,) group ends, on device
-        q = _expert_linear(xf, self.w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
+        q = _expert_linear(xf, w_q, pos, offs, k, 1)  # (N*k, dh) slot layout
         q = q.view(B, T, k, dh).transpose(1, 2)  # (B, k, T, dh): rank slots act as heads
         kv = self.kv(x).view(B, 1, T, 2, dh)  # shared K/V: one "group" that all k slots read (GQA)
         q, k_ = apply_rotary(q, kv[..., 0, :], rotary)  # each expert's query and the shared key
@@ -327,16 +340,20 @@ class MixtureOfAttentionHeads(AttentionBase):
             **masks.sdpa_args(q.dtype),
         )
         o = masks.zero_dead(o).transpose(1, 2) * gates.view(B, T, k, 1)  # (B, T, k, dh)
-        y = _expert_linear(o.reshape(N * k, dh), self.w_o, pos, offs, 1, k)  # (N, D), slots summed
+        y = _expert_linear(o.reshape(N * k, dh), w_o, pos, offs, 1, k)  # (N, D), slots summed
         return y.view(B, T, D)
 
-    def _balance_loss(self, logits: Tensor, probs: Tensor, gates: Tensor, idx: Tensor, real: Tensor | None):
-        """switch·L_switch + z·L_z + cv·L_cv over real tokens; also records the per-expert load."""
+    def _balance_loss(self, logits: Tensor, probs: Tensor, gates: Tensor, idx: Tensor, real: Tensor | None,
+                      n_seeds: int = 1):
+        """switch·L_switch + z·L_z + cv·L_cv over real tokens; also records the per-expert load. ``n_seeds`` > 1 (a
+        grouped ensemble's seed-major tokens): each seed's loss over its own tokens, summed over the seeds."""
         E = self.n_experts
         routed = torch.zeros_like(probs).scatter(1, idx, 1.0)  # (N, E) one-hot of the selected experts
         lse_sq = torch.logsumexp(logits, dim=-1).square()  # (N,)
         if real is not None:
             routed, lse_sq = routed * real[:, None], lse_sq * real
+        if n_seeds > 1:
+            return self._seed_balance_loss(probs, gates, idx, real, routed, lse_sq, n_seeds)
         load = routed.sum(0)  # (E,) real tokens routed to each expert
         self.last_expert_load = load.detach().long()
         n_real = float(routed.shape[0]) if real is None else real.sum().clamp_min(1)
@@ -346,14 +363,32 @@ class MixtureOfAttentionHeads(AttentionBase):
         cv = summed.var() / (summed.mean().square() + _CV_EPS) if E > 1 else summed.new_zeros(())
         return self.switch_weight * switch + self.z_weight * z + self.cv_weight * cv
 
+    def _seed_balance_loss(self, probs, gates, idx, real, routed, lse_sq, S: int):
+        """``_balance_loss`` per seed of a seed-major batch, summed over the seeds (the same terms, on [S, E])."""
+        E = self.n_experts
+        load = by_seed(routed, S).sum(1)  # (S, E)
+        self.last_expert_load = load.detach().long()
+        n_real = float(routed.shape[0] // S) if real is None else by_seed(real, S).sum(1).clamp_min(1)
+        switch = E * (F.normalize(by_seed(probs, S).sum(1), p=1, dim=1) * F.normalize(load, p=1, dim=1)).sum()
+        z = (by_seed(lse_sq, S).sum(1) / n_real).sum()
+        summed = F.normalize(by_seed(torch.zeros_like(probs).scatter(1, idx, gates), S).sum(1), p=1, dim=1)
+        cv = (summed.var(1) / (summed.mean(1).square() + _CV_EPS)).sum() if E > 1 else summed.new_zeros(())
+        return self.switch_weight * switch + self.z_weight * z + self.cv_weight * cv
+
     # ---- damcha_repo ---------------------------------------------------------------------------------------
     def _damcha_repo(self, x: Tensor, masks: Masks, real: Tensor | None, rotary: Rotary | None) -> Tensor:
         B, T, D = x.shape
         E, k, dh = self.n_experts, self.top_k, self.head_dim
         top, idx = _top_k(self.router(x), k)  # (B, T, k) logits in rank order
         gates = torch.softmax(top, dim=-1)  # renormalised over the k selected
-        w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
-        q, k_, v = self.split_qkv(x @ w, heads=E)  # 3 x (B, E, T, dh)
+        S = seeds_of(self.w_q, 3)
+        if S:  # a grouped ensemble: [S, E, D, dh] experts, one (D, 3E·dh) projection per seed
+            w = torch.cat([self.w_q, self.w_k, self.w_v], dim=1).permute(0, 2, 1, 3).reshape(S, D, 3 * E * dh)
+            qkv = torch.bmm(by_seed(x, S).reshape(S, -1, D), w).reshape(B, T, 3 * E * dh)
+        else:
+            w = torch.cat([self.w_q, self.w_k, self.w_v]).permute(1, 0, 2).reshape(D, 3 * E * dh)  # (D, 3E*dh)
+            qkv = x @ w
+        q, k_, v = self.split_qkv(qkv, heads=E)  # 3 x (B, E, T, dh)
         q, k_ = apply_rotary(q, k_, rotary)
         out = self.sdpa(q, k_, v, masks).transpose(1, 2)  # (B, T, E, dh): every expert, dense
         out = out.gather(2, idx[..., None].expand(B, T, k, dh)) * gates[..., None]  # (B, T, k, dh) by rank

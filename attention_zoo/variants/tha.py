@@ -113,25 +113,34 @@ class TalkingHeadsAttention(AttentionBase):
             return self.out_proj(self._general_core(x, masks, rotary))
         q, k, v = self.split_qkv(self.qkv(x))  # (B, H, T, dh) each
         q, k = apply_rotary(q, k, rotary)  # before the logits: each head's logits are relative, so are their mixes
-        if self.pre_proj is None or self.post_proj is None:  # an ablation: the core runs without that stage
-            pre = [self.pre_proj.weight * self.head_dim**-0.5] if self.pre_proj is not None else []
-            q = q if self.pre_proj is not None else q * self.head_dim**-0.5  # the scale, unfolded
-            out = mixed_attention(q, k, v, masks, _STATIC_MIX if pre else None, pre,
-                                  _STATIC_MIX if self.post_proj is not None else None,
-                                  [self.post_proj.weight] if self.post_proj is not None else [],
-                                  chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
-                                  mix=mix_heads, rezero_fn=rezero, workspace=self.workspace)
-            return self.out_proj(self.merge_heads(out))
         # The chunked core (headmix.py) runs logits -> pre-mix -> mask (finite negative, after the mix: never -inf
         # in a mix) -> softmax -> post-mix -> re-zero -> dropout -> ·V and keeps one [B,H,T,S] tensor for backward
         # (on the CPU; other devices run the same pipeline batched, headmix_batched.py).
-        # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S].
-        pre = self.pre_proj.weight * self.head_dim**-0.5
-        out = mixed_attention(q, k, v, masks, _STATIC_MIX, [pre], _STATIC_MIX, [self.post_proj.weight],
-                              chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
-                              mix=mix_heads, rezero_fn=rezero,  # this module's names, looked up per call
-                              workspace=self.workspace)
+        # The 1/sqrt(dh) scale is folded into the H x H pre-mix instead of a pass over [B,H,T,S]; without a pre-mix
+        # (the post-only ablation) it multiplies q.
+        pre = None if self.pre_proj is None else self.pre_proj.weight * self.head_dim**-0.5
+        post = None if self.post_proj is None else self.post_proj.weight
+        if pre is None:
+            q = q * self.head_dim**-0.5
+        if (pre if pre is not None else post).dim() == 2:
+            return self.out_proj(self.merge_heads(self._core(q, k, v, masks, pre, post)))
+        # a grouped ensemble (engine.ensemble): [S, H, H] mixes, one per seed's slice of the seed-major batch
+        S = (pre if pre is not None else post).shape[0]
+        n = q.shape[0] // S
+        out = torch.cat([self._core(q[i * n:(i + 1) * n], k[i * n:(i + 1) * n], v[i * n:(i + 1) * n],
+                                    masks.for_batch(slice(i * n, (i + 1) * n)), None if pre is None else pre[i],
+                                    None if post is None else post[i])
+                         for i in range(S)])
         return self.out_proj(self.merge_heads(out))
+
+    def _core(self, q: Tensor, k: Tensor, v: Tensor, masks: Masks, pre: Tensor | None, post: Tensor | None
+              ) -> Tensor:
+        """The blocked head-mix core with the static mixes that are on (None: that stage left out)."""
+        return mixed_attention(q, k, v, masks, None if pre is None else _STATIC_MIX, [] if pre is None else [pre],
+                               None if post is None else _STATIC_MIX, [] if post is None else [post],
+                               chunk=self.query_chunk, dropout=self.dropout_p if self.training else 0.0,
+                               mix=mix_heads, rezero_fn=rezero,  # this module's names, looked up per call
+                               workspace=self.workspace)
 
     def _general_core(self, x: Tensor, masks: Masks, rotary: Rotary | None) -> Tensor:
         """Unequal head counts: logits of h_k heads -> pre-mix to h -> mask -> softmax -> post-mix to h_v -> re-zero
@@ -144,10 +153,10 @@ class TalkingHeadsAttention(AttentionBase):
         q, k = apply_rotary(q, k, rotary)
         logits = q @ k.transpose(-1, -2) * self.d_k**-0.5  # (B, h_k, T, S)
         if self.pre_proj is not None:
-            logits = torch.einsum("oi,bits->bots", self.pre_proj.weight, logits)  # (B, h, T, S)
+            logits = _mix_rect(self.pre_proj.weight, logits)  # (B, h, T, S)
         w = softmax_fp32(masks.apply(logits, torch.finfo(logits.dtype).min))  # finite negative: nothing -inf mixed
         if self.post_proj is not None:
-            w = torch.einsum("oi,bits->bots", self.post_proj.weight, w)  # (B, h_v, T, S)
+            w = _mix_rect(self.post_proj.weight, w)  # (B, h_v, T, S)
         if self.h_v != self.n_heads and masks.keep is not None and masks.keep.shape[1] != 1:
             # per-head masks of the h softmax heads: a value head keeps a key that some softmax head sees
             masks = Masks(masks.keep.any(1, keepdim=True), None, masks.dead, masks.padding, masks.causal,
@@ -170,6 +179,15 @@ class TalkingHeadsAttention(AttentionBase):
         mha = 8 * T * D * D + 4 * T * T * D  # projections + QK^T and UV
         mixes = (self.h_k * H if self.pre_proj is not None else 0) + (H * self.h_v if self.post_proj is not None else 0)
         return batch * (mha + 2 * T * T * mixes)  # + pre-mix and post-mix (h_k·h and h·h_v MACs per (t, s))
+
+
+def _mix_rect(weight: Tensor, a: Tensor) -> Tensor:
+    """out[b,o,t,s] = Σ_i weight[o,i] a[b,i,t,s] for a possibly rectangular mix; a grouped ensemble's [S, out, in]
+    weights mix each seed's slice of the seed-major batch with its own matrix."""
+    if weight.dim() == 2:
+        return torch.einsum("oi,bits->bots", weight, a)
+    S = weight.shape[0]
+    return torch.einsum("goi,gbits->gbots", weight, a.unflatten(0, (S, a.shape[0] // S))).flatten(0, 1)
 
 
 def _head_count(name: str, value, d_model: int, n_heads: int, mix_on: bool, mix_name: str) -> int:

@@ -97,6 +97,7 @@ class Context:
     keep_checkpoints: bool
     bart_path: str | None
     fresh: bool = False  # --fresh: every cell trains from scratch, never from a kept checkpoint
+    ensemble: bool = False  # --ensemble: one arm's cells of one phase train as one grouped model (ensemble_units)
 
     @property
     def preset(self) -> Preset:

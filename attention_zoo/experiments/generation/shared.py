@@ -25,6 +25,7 @@ from ...metrics import images as mi
 from ...metrics import text as mt
 from ...results import ResultStore
 from ..common import ListAction, open_store, positive_int
+from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, execute
 from .config import PRESETS, Context
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions
@@ -80,7 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--keep-checkpoints", action="store_true", help="keep finished cells' checkpoints")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    add_ensemble_argument(p)
     return add_launcher_arguments(p)
+
+
+# Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
+# ``--no-ensemble`` override), for Tables 1, 3 and 4: empty until the decide presets are rerun with it.
+ENSEMBLE: frozenset[str] = frozenset()
 
 
 def make_context(args, name: str) -> Context:
@@ -92,7 +99,7 @@ def make_context(args, name: str) -> Context:
                        scored_holdout=args.preset == "decide")
     train = {**parse_overrides(args.train), **({} if args.steps is None else {"max_steps": args.steps})}
     return Context(name, args.preset, Path(args.out), resolve_device(args.device), data, args.fid_extractor, train,
-                   args.quiet, args.keep_checkpoints, args.bart_path, args.fresh)
+                   args.quiet, args.keep_checkpoints, args.bart_path, args.fresh, ensemble_on(args, ENSEMBLE))
 
 
 def datasets_of(ctx: Context, spec: str | None, default: tuple[str, ...] | None = None,
@@ -120,19 +127,33 @@ def context_for(args, name: str) -> Context:
 
 def unit_work(unit: list[dict], module: str, args) -> list[list[dict]] | None:
     """A work unit of a generation table (protocol.Plan.work): ``module.cell_rows(ctx, cell)`` for each cell, the
-    finished cells' checkpoints pruned; None as soon as one is interrupted (resumable from its run directory)."""
+    finished cells' checkpoints pruned; None as soon as one is interrupted (resumable from its run directory). With
+    ``--ensemble`` a unit of several cells (one arm, one phase) trains as one grouped model
+    (``training.train_cells_grouped``, from ``module.model_options``) where the arm allows it, then each cell is
+    scored as before; the rows say which path ran (``ensemble_units``)."""
+    from .training import train_cells_grouped
+
     mod = importlib.import_module(module)
     ctx = context_for(args, mod.NAME)
+    trained, extra = [None] * len(unit), {}
+    if ctx.ensemble:
+        got, reason = (None, "one cell in its unit") if len(unit) == 1 else \
+            train_cells_grouped(ctx, unit, *mod.model_options(ctx, unit[0]))
+        if got is not None and any(res.status == "interrupted" for _, _, res in got):
+            print(f"{ctx.name}: interrupted; rerun the same command to resume the group", file=sys.stderr)
+            return None
+        trained, extra = (got, ensemble_columns(len(unit))) if got is not None else (trained,
+                                                                                     ensemble_columns(1, reason))
     out = []
-    for cell in unit:
-        rows = mod.cell_rows(ctx, cell)
+    for cell, t in zip(unit, trained):
+        rows = mod.cell_rows(ctx, cell, trained=t)
         if rows is None:
             print(f"{ctx.name}: interrupted; rerun the same command to resume from {ctx.run_dir(cell)}",
                   file=sys.stderr)
             return None
         if not ctx.keep_checkpoints:
             prune_checkpoints(ctx.run_dir(cell))
-        out.append(rows)
+        out.append([{**r, **extra} for r in rows] if ctx.ensemble else rows)
     return out
 
 
@@ -140,8 +161,10 @@ def cell_plan(args, module: str, ctx: Context, store: ResultStore, cells: list[d
               ) -> Plan:
     """The protocol's plan of a generation table: one unit per cell, computed by ``module.cell_rows``."""
     keys = ("dataset", "variant", "flavor", "setting", "phase", "seed")
-    return Plan(store, [[c] for c in cells], functools.partial(unit_work, module=module, args=args), finish,
-                workers=workers, describe=lambda u: "/".join(str(u[0][k]) for k in keys if k in u[0]))
+    units = ensemble_units(cells) if ctx.ensemble else [[c] for c in cells]
+    return Plan(store, units, functools.partial(unit_work, module=module, args=args), finish,
+                workers=workers, describe=lambda u: "/".join(str(u[0][k]) for k in keys if k in u[0])
+                + (f" (+{len(u) - 1} grouped)" if len(u) > 1 else ""))
 
 
 def run_cells(args, module: str, ctx: Context, store: ResultStore, cells: list[dict], clock: Clock, write_report,
@@ -163,7 +186,7 @@ def open_cell_store(args, ctx: Context, clock: Clock) -> ResultStore:
     """The generation tables' store: cells keyed by every option that can change them and the environment."""
     return open_store(args, ctx.name, ctx.device, environment(ctx, clock),
                       selection=("datasets", "settings", "depths", "keep_checkpoints", "download", "data_dir", "train",
-                                 "jobs"),
+                                 "jobs", "ensemble"),
                       train_overrides=result_identity(ctx.train_overrides))
 
 

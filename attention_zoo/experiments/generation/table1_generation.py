@@ -42,9 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cell_rows(ctx: Context, cell: dict) -> list[dict] | None:
-    """One cell: train and score (None when interrupted)."""
-    return train_and_score(ctx, cell)
+def model_options(ctx: Context, cell: dict) -> tuple[dict | None, bool]:
+    """(attention options, share_mlp) of the cell's model (``train_cells_grouped`` builds it from them)."""
+    return None, True
+
+
+def cell_rows(ctx: Context, cell: dict, trained: tuple | None = None) -> list[dict] | None:
+    """One cell: train (unless ``trained`` by a grouped unit) and score (None when interrupted)."""
+    return train_and_score(ctx, cell, trained=trained)
 
 
 def run(args) -> int:

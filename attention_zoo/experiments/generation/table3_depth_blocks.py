@@ -54,11 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cell_rows(ctx, cell: dict) -> list[dict] | None:
+def model_options(ctx, cell: dict) -> tuple[dict | None, bool]:
+    """(attention options, share_mlp) of the cell's model: a generator of depth k (``train_cells_grouped``)."""
+    return {"hidden_dims": (ctx.preset.depth_width,) * (depth_of(cell["setting"]) - 1)}, True
+
+
+def cell_rows(ctx, cell: dict, trained: tuple | None = None) -> list[dict] | None:
     k, H = depth_of(cell["setting"]), ctx.preset.n_heads
     apply = {label: functools.partial(set_block_scales, diag_scale=d, off_diag_scale=o)
              for label, (d, o) in block_scales(H).items()}
-    rows = train_and_score(ctx, cell, {"hidden_dims": (ctx.preset.depth_width,) * (k - 1)}, inference=apply)
+    rows = train_and_score(ctx, cell, *model_options(ctx, cell), inference=apply, trained=trained)
     return None if rows is None else [{**r, "depth": k} for r in rows]
 
 

@@ -47,8 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cell_rows(ctx, cell: dict) -> list[dict] | None:
-    return train_and_score(ctx, cell, *SETTINGS[cell["setting"]])
+def model_options(ctx, cell: dict) -> tuple[dict | None, bool]:
+    """(attention options, share_mlp) of the cell's setting (``train_cells_grouped`` builds its model)."""
+    return SETTINGS[cell["setting"]]
+
+
+def cell_rows(ctx, cell: dict, trained: tuple | None = None) -> list[dict] | None:
+    return train_and_score(ctx, cell, *SETTINGS[cell["setting"]], trained=trained)
 
 
 def run(args) -> int:

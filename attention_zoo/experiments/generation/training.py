@@ -24,17 +24,21 @@ validation loss (``best.pt``); the smoke preset evaluates once, at the end (fina
 from __future__ import annotations
 
 import math
+import time
 
 from torch import Tensor, nn
 
 from ...engine import discard_run, load_checkpoint, train
 from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo
+from ...engine.ensemble import EnsembleUnsupported
+from ...engine.grouped import Member, group_for_training, train_grouped
 from ...envinfo import set_seed
 from ...measure.flops import analytic_flops
 from ...measure.params import count_params
 from ...models import AttentionStack, Decoder, ModelOutput, StackConfig, sinusoidal_positions
 from ...registry import split_options
+from ..ensemble_units import unit_tag
 from .config import PRESETS, Context, Preset, cell_name  # noqa: F401 - PRESETS re-exported
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions, load_data  # noqa: F401 - re-exported
 from .scoring import VAL_UNIT, _row, score_cell, validation_loss
@@ -98,25 +102,61 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     return model, data, res
 
 
+def train_cells_grouped(ctx: Context, unit: list[dict], options: dict | None = None, share_mlp: bool = True):
+    """``train_cell`` for the cells of ``unit`` (one arm, one phase) as one grouped model (``engine.grouped``: each
+    gets what ``train`` gives it alone, to float rounding): ([(model, data, TrainResult)] per cell, "") with each
+    model at its lowest-validation-loss weights, or (None, why the arm cannot be grouped: the caller trains its
+    cells one by one)."""
+    data = load_data(unit[0]["dataset"], ctx.data)
+    cfg = ctx.train_config(data).replace(progress=not ctx.quiet)
+    models = []
+    for c in unit:
+        set_seed(c["seed"])
+        models.append(build_model(data, c["variant"], c["flavor"], ctx.preset, options, share_mlp))
+    members = [Member(c["seed"], c["lr"] if "phase" in c else cfg.lr,
+                      c["weight_decay"] if "phase" in c else cfg.weight_decay, data.sampler(cfg.batch_size, c["seed"]),
+                      ctx.run_dir(c), {"cell": c}) for c in unit]
+    try:
+        grouped = group_for_training(models, tuple(t[:2] for t in members[0].sampler(0)[:-1]))
+    except EnsembleUnsupported as exc:
+        return None, str(exc)
+    if ctx.fresh:
+        for m in members:
+            discard_run(m.run_dir)
+    group_dir = ctx.out / "_cache" / "runs" / f"group-{unit[0]['variant']}-{unit[0].get('phase', 'seeds')}-" \
+                                              f"{unit_tag(unit)}"
+    results = train_grouped(models, members, cfg, group_dir, eval_sets={"val": data.batches("val", cfg.batch_size)},
+                            loss_fn=data.loss_fn, device=ctx.device, resume=not ctx.fresh,
+                            desc=f"{cell_name(unit[0])} x{len(unit)}", grouped=grouped)
+    for m, res in zip(models, results):
+        if res.status == "ok" and res.checkpoint is not None:
+            m.load_state_dict(strip_prefixes(load_checkpoint(res.checkpoint)["model"]))
+    return [(m, data, res) for m, res in zip(models, results)], ""
+
+
 def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share_mlp: bool = True,
-                    inference: dict | None = None) -> list[dict] | None:
+                    inference: dict | None = None, trained: tuple | None = None) -> list[dict] | None:
     """Train a cell and score it (once, or once per ``inference`` entry ``label -> fn(model)`` that sets an
-    inference-time modification such as block scales); None when training was interrupted (resumable)."""
-    model, data, res = train_cell(ctx, cell, options, share_mlp)
+    inference-time modification such as block scales); None when training was interrupted (resumable).
+    ``trained``: the cell's (model, data, TrainResult) from ``train_cells_grouped``: scored as it stands."""
+    model, data, res = trained if trained is not None else train_cell(ctx, cell, options, share_mlp)
     if res.status == "interrupted":
         return None
     if res.status != "ok":
         return [_row("train_loss", math.nan, "nats", res.status, f"non-finite loss or grad norm at step "
                      f"{res.step + 1}; see {res.log_path}")]
+    t_score = time.perf_counter()
     counts, cfg = count_params(model), ctx.train_config(data)
     seq_len = data.n_tokens if data.task == "patch" else data.seq_len
     extra = {"train_steps": res.step, "train_time_s": res.train_time_s, "best_val_loss": res.best_eval,
              "params": counts["total_params"], "attention_params": counts["attention_params"],
              # analytic: 3 × the forward count (backward ≈ 2 × forward) × sequences processed
-             "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9}
+             "train_gflops": 3 * analytic_flops(model, cfg.batch_size, seq_len) * res.step / 1e9,
+             "eval_time_s": res.eval_time_s}  # validation while training (outside train_time_s)
     if cell.get("phase") == "tune":  # tuning reads the selection half of the validation split only
-        return [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), **extra,
-                 "best_step": res.best_step}]
+        row = {**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), **extra,
+               "best_step": res.best_step}
+        return [{**row, "score_time_s": time.perf_counter() - t_score}]
     rows = []
     # the gate's reference: the task's trivial predictor on the same validation batches, with the same loss
     trivial = validation_loss(ctx, trivial_predictor(data).to(ctx.device), data)
@@ -125,4 +165,5 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
         val = [{**_row("val_loss", validation_loss(ctx, model, data), VAL_UNIT[data.task]), "inference": label},
                {**_row("trivial_val_loss", trivial, VAL_UNIT[data.task]), "inference": label}]
         rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
-    return rows
+    score_time = time.perf_counter() - t_score  # the cell's scoring after training (every inference label)
+    return [{**r, "score_time_s": score_time} for r in rows]

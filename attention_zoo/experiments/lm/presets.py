@@ -53,6 +53,9 @@ PRESETS = {
 DECIDE_ARMS = "mha,dcmha,damcha,mha_pm,mha_ctx,damcha_bm"
 TUNING = {"decide": Tuning(lrs=(2e-3, 4e-3, 8e-3), weight_decays=(0.1, 0.3), tune_seeds=(1000, 1001),
                            seeds=tuple(range(10)), shared=None)}
+# Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
+# ``--no-ensemble`` override): empty until the decide presets are rerun with it.
+ENSEMBLE: frozenset[str] = frozenset()
 # Fractions of max_steps at which a final cell's test loss is read at the best validation checkpoint so far (the same
 # run seen at smaller budgets: does the answer move with training?); 1.0 is the run's own result.
 BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}

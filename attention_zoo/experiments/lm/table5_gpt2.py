@@ -41,9 +41,7 @@ variant name); each row records the options its variant received.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import resource
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -52,27 +50,18 @@ import torch
 
 from ... import report
 from ...claims import verdict_lines
-from ...data.text import DATASETS, WindowEvaluator, WindowSampler, bpc, load_char_corpus
+from ...data.text import DATASETS, load_char_corpus
 from ...engine import (
     TrainConfig,
-    TrainResult,
-    batch_weight,
-    discard_run,
-    evaluate,
-    load_checkpoint,
     parse_overrides,
     prune_checkpoints,
     result_identity,
-    train,
 )
-from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
-from ...envinfo import environment_record, resolve_device, set_seed
-from ...measure.params import count_params
+from ...envinfo import environment_record, resolve_device
 from ...measure.status import free_memory, is_oom, short_message
-from ...models import Decoder
-from ...registry import is_attention, resolved_options_json, split_options
-from ...results import ResultStore, cell_id
+from ...registry import is_attention, resolved_options_json
+from ...results import ResultStore
 from ..common import (
     FIVE_SEEDS,
     ListAction,
@@ -85,10 +74,23 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
+from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
 from ..tuning import execute_stages, tuned_cells
-from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, PRESETS, TUNING, Preset
+from .presets import BUDGET_FRACS, DECIDE_ARMS, DEFAULT_VARIANTS, ENSEMBLE, PRESETS, TUNING
 from .table5_report import NAME, write_report
+from .training import (  # noqa: F401
+    _evaluators,
+    _peak,
+    _reset_peak,
+    _status_mib,
+    budget_scores_at_best,
+    build_model,
+    cell_result_rows,
+    grouped_unit,
+    run_cell,
+    run_dir_of,
+)
 
 
 def build_parser():
@@ -113,6 +115,7 @@ def build_parser():
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    add_ensemble_argument(p)
     p.epilog = (f"Defaults: variants mha,dcmha,damcha (decide: {DECIDE_ARMS}; those registered); --flavour "
                 "damcha_repo runs the baselines as the paper ran them (reproduce/all.py --preset paper does). The "
                 "smoke preset uses 1 CPU thread "                "unless --threads is given. "
@@ -126,124 +129,13 @@ def _variants(spec: str | None, preset: str = "smoke") -> list[str]:
     return select_variants(spec)
 
 
-def _reset_peak(device: torch.device) -> bool:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
-    try:  # Linux >= 4.0: reset VmHWM to the current RSS
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_mib(field_name: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _peak(device: torch.device, reset_ok: bool) -> tuple[str, float]:
-    if device.type == "cuda":
-        return "peak_alloc_mib", torch.cuda.max_memory_allocated(device) / 2**20
-    if reset_ok:
-        return "peak_rss_mib", _status_mib("VmHWM")
-    return "peak_rss_mib_since_start", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
-    """The cell's training directory; its name hashes the run context too, so a checkpoint trained with other
-    settings or on another kind of machine is never resumed."""
-    tag = cell_id(cell, context)[:8]
-    return Path(out) / "runs" / f"{cell['dataset']}-{cell['variant']}-{cell['flavor']}-s{cell['seed']}-{tag}"
-
-
-def run_cell(cell: dict, preset: Preset, corpus, cfg: TrainConfig, info: DistInfo, run_dir: Path,
-             final_eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
-    """Train one cell (resuming if its directory has a checkpoint, unless ``fresh``: then from scratch, the old
-    checkpoints discarded) and evaluate it; returns (rows, result)."""
-    variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
-    opts, _ = split_options(variant, {**preset.attention_options, "flavor": flavor})
-    if "phase" in cell:  # a tuned preset: the cell names its setting
-        cfg = cfg.replace(lr=cell["lr"], weight_decay=cell["weight_decay"])
-    set_seed(seed)
-    model = Decoder(corpus.vocab_size, preset.d_model, preset.n_layers, preset.n_heads, attention=variant,
-                    attention_options=opts, max_seq_len=preset.context, dropout=preset.dropout)
-    params = count_params(model)
-    sampler = WindowSampler(corpus.train, preset.context, cfg.batch_size, seed=seed)
-    evaluators = {split: {name: WindowEvaluator(arr, preset.context, preset.eval_batch_size, preset.eval_stride)
-                          for name, arr in getattr(corpus, split).items()} for split in ("val", "test")}
-    reset_ok = _reset_peak(info.device)
-    base_rss = _status_mib("VmRSS") if info.device.type == "cpu" else None
-    if fresh and info.is_main:
-        discard_run(run_dir)
-    fracs = BUDGET_FRACS.get(cell["preset"], ()) if cell.get("phase") != "tune" else ()  # tuning: validation only
-
-    def test_losses(net) -> dict[str, float]:  # the test split as the final score reads it (the mix: its mean)
-        losses = {name: evaluate(net, ev(final_eval_batches), info=info, amp=cfg.amp)
-                  for name, ev in evaluators["test"].items()}
-        return {**losses, cell["dataset"]: sum(losses.values()) / len(losses)}
-
-    res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets=evaluators["val"],
-                resume=None if fresh else "auto", info=info, meta={"cell": cell, "attention_options": opts},
-                desc=f"{cell['dataset']}/{variant}/{flavor}/s{seed}", budget_fracs=fracs,
-                budget_score=test_losses if fracs else None)
-    common = {"attention_options": json.dumps(opts, default=str), "context": preset.context,
-              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
-    if res.status == "interrupted":
-        return [], res
-    mem_metric, mem = _peak(info.device, reset_ok)
-    rows = [{"metric": "tokens_per_s", "value": res.tokens_per_s, "unit": "tok/s"},
-            {"metric": "train_time_s", "value": res.train_time_s, "unit": "s"},
-            {"metric": "tokens_seen", "value": res.tokens_seen, "unit": "tokens"},
-            {"metric": mem_metric, "value": mem, "unit": "MiB"},
-            {"metric": "params", "value": params["total_params"], "unit": "params"},
-            {"metric": "params_no_emb", "value": model.num_params(exclude_embeddings=True), "unit": "params"},
-            {"metric": "attention_params", "value": params["attention_params"], "unit": "params"}]
-    if base_rss is not None:
-        rows.append({"metric": "baseline_rss_mib", "value": base_rss, "unit": "MiB"})
-    if res.status == "nan":
-        common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
-        metric = "val_loss" if cell.get("phase") == "tune" else "test_loss"
-        rows.append({"metric": metric, "value": float("nan"), "unit": "nats", "eval_set": cell["dataset"]})
-        return [{**common, **r} for r in rows], res
-    if cfg.patience:  # early stopping: every score is the best validation checkpoint's
-        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
-        rows += [{"metric": "best_step", "value": res.best_step, "unit": "steps"},
-                 {"metric": "steps_run", "value": res.step, "unit": "steps"}]
-    for split, sets in evaluators.items():
-        if split == "test" and cell.get("phase") == "tune":  # tuning reads validation only
-            continue
-        losses = {name: evaluate(model, ev(final_eval_batches), info=info, amp=cfg.amp) for name, ev in sets.items()}
-        if len(losses) > 1:  # mix: the 50/50 mixture's figure is the mean of its parts
-            losses[cell["dataset"]] = sum(losses.values()) / len(losses)
-        for name, loss in losses.items():
-            ev = sets.get(name)
-            scored = sum(batch_weight(b) for b in ev(final_eval_batches)) if ev else None
-            where = {"eval_set": name, "eval_targets": scored, "split_targets": ev.n_targets if ev else None,
-                     "stride": ev.stride if ev else None}
-            rows += [{"metric": f"{split}_loss", "value": loss, "unit": "nats", **where},
-                     {"metric": f"{split}_bpc", "value": bpc(loss), "unit": "bits/char", **where}]
-            if split == "test":  # the learned-at-all gate's reference: a unigram model of the training text
-                parts = [name] if ev else list(sets)  # the mix: the mean of its parts, as its loss
-                trivial = sum(corpus.unigram_loss(split, p) for p in parts) / len(parts)
-                rows.append({"metric": "trivial_loss", "value": trivial, "unit": "nats", **where})
-        if split == "test":  # budget fractions the run did not reach (it stopped early): its final best stands
-            for f in fracs:
-                best_step, scores = (res.budget or {}).get(f, (res.best_step, losses))
-                rows.append({"metric": "test_loss@budget", "budget": f, "value": scores[cell["dataset"]],
-                             "unit": "nats", "eval_set": cell["dataset"], "best_step_so_far": best_step})
-    return [{**common, **r} for r in rows], res
-
-
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads if args.threads is not None else PRESETS[args.preset].threads)
     if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best
         return execute_stages(lambda: staged_plan(args), args, NAME)
-    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
-        return execute(plan(args), args, NAME)
+    if args.launcher == "submitit" or args.dry_run or ensemble_on(args, ENSEMBLE):  # the protocol's plan: the
+        return execute(plan(args), args, NAME)  # cluster's units, the dry run's, or the grouped seeds' units
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
@@ -264,7 +156,8 @@ def _setup(args, info: DistInfo):
     env = environment_record(info.device, preset=args.preset, world_size=info.world_size, train_config=cfg.to_dict())
     tuning = TUNING.get(args.preset)
     context = run_context(args, info.device,
-                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs"),
+                          selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs",
+                                     "ensemble"),
                           train_config=result_identity(cfg.to_dict()), preset=asdict(preset),
                           **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}),
                           **({"budget_fracs": BUDGET_FRACS[args.preset]} if args.preset in BUDGET_FRACS else {}))
@@ -334,9 +227,24 @@ def _finish(out, store, env, args) -> int:
 
 
 def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
-    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    """A work unit (protocol.Plan.work; a cluster job or a local worker): one process, no DDP. With ``--ensemble``
+    a unit of several cells (one arm, one phase) trains as one grouped model where the arm allows it, else cell by
+    cell; the rows say which (``ensemble_units``)."""
     info = DistInfo(device=resolve_device(args.device))
     preset, _, cfg, final_batches, _, out, _, context = _setup(args, info)
+    extra = {}
+    if ensemble_on(args, ENSEMBLE):
+        corpus = load_char_corpus(unit[0]["dataset"], args.data_dir, args.download)
+        got, reason = (grouped_unit(unit, preset, corpus, cfg, info, out, context, final_batches, args.fresh)
+                       if len(unit) > 1 else (None, "one cell in its unit"))
+        if got is not None:
+            if any(res.status == "interrupted" for _, res in got):
+                return None
+            if not args.keep_checkpoints:
+                for key in unit:
+                    prune_checkpoints(run_dir_of(out, key, context))
+            return [rows for rows, _ in got]
+        extra = ensemble_columns(1, reason)
     rows_out = []
     for key in unit:
         corpus = load_char_corpus(key["dataset"], args.data_dir, args.download)
@@ -345,7 +253,7 @@ def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
             return None
         if not args.keep_checkpoints:
             prune_checkpoints(run_dir)
-        rows_out.append(rows)
+        rows_out.append([{**r, **extra} for r in rows])
     return rows_out
 
 
@@ -366,12 +274,14 @@ def staged_plan(args) -> tuple[Plan, int]:
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     threads = args.threads or preset.threads or 1
-    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+    units = ensemble_units(cells) if ensemble_on(args, ENSEMBLE) else [[c] for c in cells]
+    return Plan(store, units, functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
                 workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
                 worker_init=functools.partial(torch.set_num_threads, threads),
                 describe=lambda u: f"{u[0]['dataset']}/{u[0]['variant']}/{u[0]['flavor']}"
-                                   f"{'/' + u[0]['phase'] if 'phase' in u[0] else ''} s{u[0]['seed']}"), len(waiting)
+                                   f"{'/' + u[0]['phase'] if 'phase' in u[0] else ''} s{u[0]['seed']}"
+                                   f"{f' (+{len(u) - 1} grouped)' if len(u) > 1 else ''}"), len(waiting)
 
 
 @experiment_main

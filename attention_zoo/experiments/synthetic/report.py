@@ -17,7 +17,7 @@ import pandas as pd
 
 from ... import plots, report
 from ...claims import frame_verdicts, verdict_lines, verdict_markdown
-from ...claims.stats import seed_interval, t_interval
+from ...claims.stats import seed_interval, slope, t_interval
 from ...io import atomic_write_csv
 from ...results import ResultStore
 
@@ -166,6 +166,8 @@ def _section_tables(df: pd.DataFrame, gains: pd.DataFrame) -> list[str]:
                                                                                            "value", xcol, ".4f"))]
         out += [f"### {extra} (mean [95 % CI] (n))", "", report.markdown_table(ci_wide(_metric(sub, extra), "value",
                                                                                           xcol, ".3f"))]
+        if task == "regression":
+            out += _slope_section(sub)
         c = cal[cal["task"] == task] if not cal.empty else cal
         if not c.empty:
             c = c.pivot_table(index="metric", columns="setting", values="mean").reset_index()
@@ -192,6 +194,25 @@ def _section_tables(df: pd.DataFrame, gains: pd.DataFrame) -> list[str]:
                 report.markdown_table(prec)]
     out += ["## Parameters, training FLOPs and cost per arm (means over cells)", "", report.markdown_table(_costs(df))]
     return out
+
+
+def _slope_section(sub: pd.DataFrame) -> list[str]:
+    """Every arm's own slope of its test MSE over λ (per seed, least squares; 95 % t-interval): whether the λ axis
+    makes the task harder for it. The separate-towers control (``mha_sep``) must rise for the λ claims to decide."""
+    ok = sub[(sub["metric"] == "test_mse") & (sub["status"] == "ok")] if "status" in sub else sub
+    ok = ok.assign(label=ok["variant"] + "/" + ok["flavor"])
+    rows = []
+    for label, g in ok.groupby("label"):
+        per = g.groupby(["seed", "lam"])["value"].mean().reset_index()
+        slopes = [slope(s["lam"], s["value"]) for _, s in per.groupby("seed") if s["lam"].nunique() > 1]
+        if slopes:
+            mean, lo, hi, how = seed_interval(slopes)
+            rows.append({"arm": label, "slope of test MSE per unit λ": f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}] ({how})",
+                         "n": len(slopes)})
+    if not rows:
+        return []
+    return ["### Each arm's test MSE against λ (slope per unit λ; > 0: λ makes the task harder for the arm)", "",
+            report.markdown_table(pd.DataFrame(rows))]
 
 
 def convergence(df: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,8 @@ from torch import Tensor, nn
 
 from ...data import synthetic as syn
 from ...models import AttentionStack, StackConfig
+from ...models.stack import SliceNorm
+from ...registry import get_attention_spec
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class SyntheticModel(nn.Module):
         super().__init__()
         self.stack = AttentionStack(StackConfig(d_model=d_model, n_layers=n_layers, n_heads=syn.N_SUBSPACES,
                                                 attention=attention, attention_options=attention_options))
-        self.ln_f = nn.LayerNorm(d_model)
+        towers = get_attention_spec(attention).subspace_towers  # the final norm keeps the slices apart too
+        self.ln_f = SliceNorm(d_model, syn.N_SUBSPACES) if towers else nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_out)
 
     def forward(self, x):

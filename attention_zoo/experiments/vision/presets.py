@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...data.imagefolder import Mixup
+from ..tuning import Tuning
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,18 @@ PRESETS = {
                     eval_max_batches=20, ckpt_every_epochs=1,
                     train=dict(weight_decay=0.05, beta2=0.999, grad_clip=0.0, log_every=100)),
 }
+
+
+# The decide preset's arms, grid, validation split, patience and budget fractions (``table6_vit`` runs them).
+DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
+DECIDE_ARMS = ("mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm")
+TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.05, 0.2), tune_seeds=(1000, 1001),
+                           seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05})}
+VAL_HOLDOUT = {"decide": 0.2}  # of the training images: the tuned presets' validation split
+PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the best validation loss
+# Fractions of a final cell's step budget at which its test top-1 is read at the best validation checkpoint so far
+# (the same run seen at smaller budgets); 1.0 is the run's own result.
+BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
+# Presets whose seeds train as grouped models by default (``experiments.ensemble_units``; ``--ensemble`` /
+# ``--no-ensemble`` override): empty until the decide preset is rerun with it.
+ENSEMBLE: frozenset[str] = frozenset()

@@ -24,6 +24,8 @@ from ...data.imagefolder import (
 )
 from ...data.images import load_digits_images, load_images, train_val_split
 from ...engine.distributed import DistInfo, all_reduce
+from ...engine.ensemble import n_members
+from ...engine.grouped import member_outputs
 from .presets import Preset
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -97,6 +99,19 @@ def classification_loss(batch, output) -> Tensor:
     return F.cross_entropy(logits, y)
 
 
+def _classification_member_losses(batch, output, n: int) -> Tensor:
+    """``classification_loss`` of each member of a grouped model's seed-major batch (``engine.grouped``), in one
+    call: each member's mean over its own rows."""
+    logits = output.logits if hasattr(output, "logits") else output
+    logits, y = logits.float(), batch[-1]
+    per = -(y * F.log_softmax(logits, -1)).sum(-1) if y.is_floating_point() else F.cross_entropy(logits, y,
+                                                                                                  reduction="none")
+    return per.view(n, -1).mean(1)
+
+
+classification_loss.member_losses = _classification_member_losses
+
+
 def topk_correct(logits: Tensor, targets: Tensor, ks: tuple[int, ...] = (1, 5)) -> Tensor:
     """(len(ks),) int64: rows whose target is among their k highest logits, per k (k capped at the class count)."""
     kmax = min(max(ks), logits.shape[-1])
@@ -132,3 +147,32 @@ def evaluate_topk(model: nn.Module, batches, info: DistInfo | None = None, ks: t
         raise ValueError("batches: the evaluation set is empty")
     n = float(total[-1])
     return {**{f"top{k}": 100 * float(total[j]) / n for j, k in enumerate(ks)}, "loss": float(total[-2]) / n, "n": n}
+
+
+@torch.no_grad()
+def evaluate_topk_members(net: nn.Module, batches, ks: tuple[int, ...] = (1, 5), amp: str = "auto"
+                          ) -> list[dict[str, float]]:
+    """``evaluate_topk`` for every member of a grouped model (``engine.grouped``): one grouped forward per batch.
+
+    Raises:
+        ValueError: no batches.
+    """
+    S, device = n_members(net), next(net.parameters()).device
+    was_training = net.training
+    net.eval()
+    total = torch.zeros(S, len(ks) + 2, dtype=torch.float64, device=device)
+    on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
+    for x, y in batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on):
+            outs, _ = member_outputs(net, (x,), S)
+        for s, o in enumerate(outs):
+            logits = o.logits.float()
+            nll = F.cross_entropy(logits, y, reduction="sum")
+            total[s] += torch.cat([topk_correct(logits, y, ks).double(), torch.stack([nll.double(),
+                                                                                      nll.new_tensor(len(y)).double()])])
+    net.train(was_training)
+    if total[0, -1] == 0:
+        raise ValueError("batches: the evaluation set is empty")
+    return [{**{f"top{k}": 100 * float(t[j]) / float(t[-1]) for j, k in enumerate(ks)},
+             "loss": float(t[-2]) / float(t[-1]), "n": float(t[-1])} for t in total]

@@ -40,7 +40,6 @@ from __future__ import annotations
 import ast
 import functools
 import json
-import math
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -51,20 +50,14 @@ from ... import report
 from ...claims import verdict_lines
 from ...engine import (
     TrainConfig,
-    TrainResult,
-    discard_run,
     parse_overrides,
     prune_checkpoints,
     result_identity,
-    train,
 )
-from ...engine.checkpoint import load_checkpoint, strip_prefixes
 from ...engine.distributed import DistInfo, broadcast_object, run_distributed
-from ...envinfo import environment_record, resolve_device, set_seed
-from ...measure.params import count_params
-from ...models import VisionTransformer
-from ...registry import is_attention, resolved_options_json, split_options
-from ...results import ResultStore, cell_id, ensure_out_dir
+from ...envinfo import environment_record, resolve_device
+from ...registry import is_attention, resolved_options_json
+from ...results import ResultStore, ensure_out_dir
 from ..common import (
     FIVE_SEEDS,
     ListAction,
@@ -76,21 +69,29 @@ from ..common import (
     setup_threads,
     variant_flavours,
 )
+from ..ensemble_units import add_ensemble_argument, ensemble_columns, ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
-from ..tuning import Tuning, execute_stages, tuned_cells
-from .presets import PRESETS, Preset
-from .table6_data import ImageData, classification_loss, evaluate_topk, load_data, topk_correct  # noqa: F401
+from ..tuning import execute_stages, tuned_cells
+from .presets import (
+    BUDGET_FRACS,
+    DECIDE_ARMS,
+    DEFAULT_VARIANTS,
+    ENSEMBLE,
+    PATIENCE_EPOCHS,
+    PRESETS,
+    TUNING,
+    VAL_HOLDOUT,
+)
+from .table6_data import (  # noqa: F401
+    ImageData,
+    classification_loss,
+    evaluate_topk,
+    evaluate_topk_members,
+    load_data,
+    topk_correct,
+)
 from .table6_report import NAME, write_report
-
-DEFAULT_VARIANTS = ("mha", "dcmha", "damcha")
-DECIDE_ARMS = ("mha", "dcmha", "damcha", "mha_pm", "mha_ctx", "damcha_bm")
-TUNING = {"decide": Tuning(lrs=(1e-3, 2e-3, 4e-3), weight_decays=(0.05, 0.2), tune_seeds=(1000, 1001),
-                           seeds=tuple(range(10)), shared={"lr": 2e-3, "weight_decay": 0.05})}
-VAL_HOLDOUT = {"decide": 0.2}  # of the training images: the tuned presets' validation split
-PATIENCE_EPOCHS = {"decide": 10}  # early stopping, in epochs of steps since the best validation loss
-# Fractions of a final cell's step budget at which its test top-1 is read at the best validation checkpoint so far
-# (the same run seen at smaller budgets); 1.0 is the run's own result.
-BUDGET_FRACS = {"decide": (0.125, 0.25, 0.5, 1.0)}
+from .training import build_model, cell_result_rows, grouped_unit, run_cell, run_dir_of, train_config  # noqa: F401
 
 
 def build_parser():
@@ -123,6 +124,7 @@ def build_parser():
                    help="keep a finished cell's checkpoints (default: delete them once its metrics are stored)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="decide preset: cells trained at once, one process each (default: CPU cores up to 8 on cpu)")
+    add_ensemble_argument(p)
     p.epilog = ("Defaults: variants mha,dcmha,damcha (those registered); --flavour damcha_repo runs the baselines as "
                 "the paper ran them (reproduce/all.py --preset paper does). "
                 "Multi-GPU: torchrun --nproc_per_node=N reproduce/table6_vit.py --preset paper --data-dir DIR")
@@ -143,100 +145,13 @@ def parse_attn_options(items: list[str]) -> dict:
     return out
 
 
-def train_config(preset: Preset, n_train: int, epochs: int, batch_size: int, steps: int | None,
-                 overrides: dict) -> tuple[TrainConfig, int]:
-    """The cell's TrainConfig (epochs -> steps, linear lr scaling) and its steps per epoch."""
-    spe = max(1, n_train // batch_size)
-    lr = preset.lr * batch_size / preset.lr_ref_batch
-    max_steps = steps or epochs * spe
-    cfg = dict(preset.train, max_steps=max_steps, batch_size=batch_size, lr=lr,
-               min_lr_ratio=min(1.0, preset.min_lr / lr),
-               warmup_steps=min(max_steps, round(preset.warmup_epochs * spe)),
-               eval_every=preset.eval_every_epochs * spe, eval_max_batches=preset.eval_max_batches,
-               ckpt_every=preset.ckpt_every_epochs * spe)
-    return TrainConfig.from_dict({**cfg, **overrides}), spe
-
-
-def run_dir_of(out: Path, cell: dict, context: dict | None = None) -> Path:
-    """The cell's training directory; its name hashes the run context too, so a checkpoint trained with other
-    settings or on another kind of machine is never resumed."""
-    tag = cell_id(cell, context)[:8]
-    return Path(out) / "runs" / (f"{cell['preset']}-{cell['variant']}-{cell['flavor']}-e{cell['epochs']}"
-                                 f"-s{cell['seed']}-{tag}")
-
-
-def run_cell(cell: dict, preset: Preset, data: ImageData, cfg: TrainConfig, info: DistInfo, run_dir: Path,
-             attn_options: dict, eval_batches: int | None, fresh: bool = False) -> tuple[list[dict], TrainResult]:
-    """Train one cell (resuming from its directory's checkpoint, unless ``fresh``: then from scratch, the old
-    checkpoints discarded) and measure top-1/top-5; returns (rows, result)."""
-    variant, flavor, seed = cell["variant"], cell["flavor"], cell["seed"]
-    opts, _ = split_options(variant, {**preset.attention_options, **attn_options, "flavor": flavor})
-    phase = cell.get("phase")  # a tuned preset: early stopping and tuning on the validation split carved for it
-    set_seed(seed)
-    model = VisionTransformer(preset.image_size, preset.patch_size, data.num_classes, preset.d_model, preset.n_layers,
-                              preset.n_heads, attention=variant, attention_options=opts, in_chans=data.in_chans,
-                              d_ff=preset.d_ff, dropout=preset.dropout)
-    params = count_params(model)
-    sampler, evaluator = data.sampler(cfg.batch_size, seed, info), data.evaluator(preset.eval_batch_size, info)
-    validator = data.validator(preset.eval_batch_size, info) if phase else evaluator
-    if fresh and info.is_main:
-        discard_run(run_dir)
-    fracs = BUDGET_FRACS.get(cell["preset"], ()) if phase and phase != "tune" else ()  # tuning: validation only
-
-    def test_top1(net) -> dict[str, float]:
-        return {"top1": evaluate_topk(net, evaluator(eval_batches), info, amp=cfg.amp)["top1"]}
-
-    try:
-        res = train(model, cfg.replace(seed=seed), sampler, run_dir, eval_sets={"val": validator},
-                    loss_fn=classification_loss, resume=None if fresh else "auto", info=info,
-                    meta={"cell": cell, "attention_options": opts},
-                    desc=f"{variant}/{flavor}/e{cell['epochs']}/s{seed}", budget_fracs=fracs,
-                    budget_score=test_top1 if fracs else None)
-    finally:
-        sampler.close()
-    if res.status == "interrupted":
-        return [], res
-    common = {"attention_options": json.dumps(opts, default=str), "image_size": preset.image_size,
-              "patch_size": preset.patch_size, "batch_size": cfg.batch_size, "steps_per_epoch": cell["steps_per_epoch"],
-              "world_size": info.world_size, "amp": cfg.amp, "status": res.status, "message": ""}
-    rows = [{"metric": "images_per_s", "value": res.tokens_per_s, "unit": "img/s"},
-            {"metric": "train_time_s", "value": res.train_time_s, "unit": "s"},
-            {"metric": "params", "value": params["total_params"], "unit": "params"},
-            {"metric": "attention_params", "value": params["attention_params"], "unit": "params"}]
-    if res.status == "nan":
-        common["message"] = f"non-finite loss or grad norm at step {res.step + 1}; see {res.log_path}"
-        rows += [{"metric": m, "value": math.nan, "unit": "%"} for m in (("val_loss",) if phase == "tune" else
-                                                                          ("top1", "top5"))]
-        return [{**common, **r} for r in rows], res
-    if phase:  # scored at the best validation checkpoint; a tuning cell never reads the test split
-        model.load_state_dict(strip_prefixes(load_checkpoint(run_dir / "checkpoints" / "best.pt")["model"]))
-        val = evaluate_topk(model, validator(None), info, amp=cfg.amp)
-        rows += [{"metric": "val_loss", "value": val["loss"], "unit": "nats", "n_eval": val["n"]},
-                 {"metric": "val_top1", "value": val["top1"], "unit": "%", "n_eval": val["n"]},
-                 {"metric": "best_step", "value": res.best_step, "unit": "steps"},
-                 {"metric": "steps_run", "value": res.step, "unit": "steps"}]
-        if phase == "tune":
-            return [{**common, **r} for r in rows], res
-    acc = evaluate_topk(model, evaluator(eval_batches), info, amp=cfg.amp)
-    rows += [{"metric": "top1", "value": acc["top1"], "unit": "%", "n_eval": acc["n"]},
-             {"metric": "top5", "value": acc["top5"], "unit": "%", "n_eval": acc["n"]},
-             {"metric": "test_loss" if phase else "val_loss", "value": acc["loss"], "unit": "nats", "n_eval": acc["n"]}]
-    if data.chance_top1 is not None:  # the learned-at-all gate's reference
-        rows.append({"metric": "chance_top1", "value": data.chance_top1, "unit": "%", "n_eval": acc["n"]})
-    for f in fracs:  # budget fractions the run did not reach (it stopped early): its final best stands
-        best_step, scores = (res.budget or {}).get(f, (res.best_step, acc))
-        rows.append({"metric": "top1@budget", "budget": f, "value": scores["top1"], "unit": "%", "n_eval": acc["n"],
-                     "best_step_so_far": best_step})
-    return [{**common, **r} for r in rows], res
-
-
 def run(args) -> int:
     """Run the grid; exit code 0, 1 if any cell hit NaN/inf, or 128+signal when interrupted (resumable)."""
     setup_threads(args.threads or PRESETS[args.preset].threads)
     if args.preset in TUNING:  # tuning parity: the grid, then each arm's seeds at its best (and the shared setting)
         return execute_stages(lambda: staged_plan(args), args, NAME)
-    if args.launcher == "submitit" or args.dry_run:  # the protocol's plan: the cluster's units, or the dry run's
-        return execute(plan(args), args, NAME)
+    if args.launcher == "submitit" or args.dry_run or ensemble_on(args, ENSEMBLE):  # the protocol's plan: the
+        return execute(plan(args), args, NAME)  # cluster's units, the dry run's, or the grouped seeds' units
     return run_distributed(args.device, lambda info: _run(args, info))
 
 
@@ -253,7 +168,7 @@ def _setup(args, info: DistInfo):
                              n_val=data.n_val)
     tuning = TUNING.get(args.preset)
     context = run_context(args, info.device,
-                          selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs"),
+                          selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs", "ensemble"),
                           preset=asdict(preset), train_overrides=result_identity(overrides),
                           **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"},
                               "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset],
@@ -338,19 +253,33 @@ def _finish(out, store, env, args) -> int:
 
 
 def cell_rows(unit: list[dict], args) -> list[list[dict]] | None:
-    """A work unit on a cluster job (protocol.Plan.work): one process, no DDP."""
+    """A work unit (protocol.Plan.work; a cluster job or a local worker): one process, no DDP. With ``--ensemble``
+    a unit of several cells (one arm, one phase) trains as one grouped model where the arm allows it, else cell by
+    cell; the rows say which (``ensemble_units``)."""
     info = DistInfo(device=resolve_device(args.device))
     preset, pairs, attn_options, overrides, data, batch, out, env, context = _setup(args, info)
+    cfgs = [_config(args, preset, overrides, data, batch, key) for key in unit]
+    extra = {}
+    if ensemble_on(args, ENSEMBLE):
+        got, reason = (grouped_unit(unit, preset, data, cfgs, info, out, context, attn_options, args.eval_batches,
+                                    args.fresh) if len(unit) > 1 else (None, "one cell in its unit"))
+        if got is not None:
+            if any(res.status == "interrupted" for _, res in got):
+                return None
+            if not args.keep_checkpoints:
+                for key in unit:
+                    prune_checkpoints(run_dir_of(out, key, context))
+            return [rows for rows, _ in got]
+        extra = ensemble_columns(1, reason)
     rows_out = []
-    for key in unit:
+    for key, cfg in zip(unit, cfgs):
         run_dir = run_dir_of(out, key, context)
-        rows, res = run_cell(key, preset, data, _config(args, preset, overrides, data, batch, key), info, run_dir,
-                             attn_options, args.eval_batches, args.fresh)
+        rows, res = run_cell(key, preset, data, cfg, info, run_dir, attn_options, args.eval_batches, args.fresh)
         if res.status == "interrupted":
             return None
         if not args.keep_checkpoints:
             prune_checkpoints(run_dir)
-        rows_out.append(rows)
+        rows_out.append([{**r, **extra} for r in rows])
     return rows_out
 
 
@@ -372,12 +301,14 @@ def staged_plan(args) -> tuple[Plan, int]:
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     threads = args.threads or preset.threads or 1
-    return Plan(store, [[c] for c in cells], functools.partial(cell_rows, args=args),
+    units = ensemble_units(cells) if ensemble_on(args, ENSEMBLE) else [[c] for c in cells]
+    return Plan(store, units, functools.partial(cell_rows, args=args),
                 lambda: _finish(out, store, env, args),
                 workers=default_workers(info.device.type, args.jobs) if args.preset in TUNING else 1,
                 worker_init=functools.partial(torch.set_num_threads, threads),
                 describe=lambda u: f"{u[0]['variant']}/{u[0]['flavor']}{'/' + u[0]['phase'] if 'phase' in u[0] else ''}"
-                                   f" e{u[0]['epochs']} s{u[0]['seed']}"), len(waiting)
+                                   f" e{u[0]['epochs']} s{u[0]['seed']}"
+                                   f"{f' (+{len(u) - 1} grouped)' if len(u) > 1 else ''}"), len(waiting)
 
 
 @experiment_main

@@ -16,7 +16,7 @@ import warnings
 import torch
 from torch import nn
 
-from .host_adapters import _fail
+from .hosts import _fail
 
 PARTS = ("q", "k", "v", "out")
 GROWTH_WARNING = 2.0  # a swap that makes the model more than this many times larger warns

@@ -61,11 +61,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .hf_adapters import GPT2AttentionAdapter, LlamaAttentionAdapter
-from .host_adapters import HostLayout, TimmAttentionAdapter, TorchMultiheadAttentionAdapter, _fail, _Swapped
-from .host_weights import PARTS, copy_projections, copy_targets, disable_cache, n_params, report_swap
-from .registry import create_attention, get_attention_spec
-from .variants.base import StackShare
+from ..registry import create_attention, get_attention_spec
+from ..variants.base import StackShare
+from .hf import GPT2AttentionAdapter, LlamaAttentionAdapter
+from .hosts import HostLayout, TimmAttentionAdapter, TorchMultiheadAttentionAdapter, _fail, _Swapped
+from .weights import PARTS, copy_projections, copy_targets, disable_cache, n_params, report_swap
 
 __all__ = ["swap_attention", "SharedStackContext"]
 

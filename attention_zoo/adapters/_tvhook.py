@@ -3,7 +3,7 @@
 ``import timm`` (or ``import torchvision``) before ``import attention_zoo`` crashes with ``torchvision::nms does not
 exist`` where PyPI's CUDA-built torchvision sits beside CPU torch: the failure happens inside torchvision's own
 import, before any of our code runs. Only code that runs at interpreter start can prevent it, so
-``python -m attention_zoo._tvhook --install`` writes a one-line ``attention_zoo_tvshim.pth`` into site-packages
+``python -m attention_zoo.adapters._tvhook --install`` writes a one-line ``attention_zoo_tvshim.pth`` into site-packages
 (tox does this; ``--uninstall`` removes it). At start-up that line installs ``TorchvisionShimFinder``, a meta-path
 finder that costs nothing until something imports ``torchvision``; it then loads ``_tvshim.py`` (which is inert
 where torchvision's ops load) and steps aside, and the normal import of torchvision proceeds. Nothing is imported
@@ -21,10 +21,10 @@ PTH_NAME = "attention_zoo_tvshim.pth"
 # Runs at interpreter start (site.py executes .pth lines that begin with "import"): load this very file, by the
 # absolute path written at install time, and install the finder; never fail the interpreter. The path is fixed at
 # install time rather than looked up at start-up, because a look-up through sys.path would find, and execute, an
-# ``./attention_zoo/_tvhook.py`` of the current directory whenever sys.path holds '' or '.'. Once the package is
-# uninstalled or moved, the file is gone and the line does nothing.
+# ``./attention_zoo/adapters/_tvhook.py`` of the current directory whenever sys.path holds '' or '.'. Once the
+# package is uninstalled or moved, the file is gone and the line does nothing.
 _HOOK = ("try:\n import importlib.util as u, os\n p = {path!r}\n if os.path.isfile(p):\n"
-         "  sp = u.spec_from_file_location('attention_zoo._tvhook', p)\n"
+         "  sp = u.spec_from_file_location('attention_zoo.adapters._tvhook', p)\n"
          "  m = u.module_from_spec(sp); sp.loader.exec_module(m); m.install()\nexcept Exception:\n pass\n")
 
 
@@ -48,17 +48,17 @@ class TorchvisionShimFinder:
 
 
 def _load_shim():
-    if "attention_zoo._tvshim" in sys.modules:
-        return sys.modules["attention_zoo._tvshim"]
+    if "attention_zoo.adapters._tvshim" in sys.modules:
+        return sys.modules["attention_zoo.adapters._tvshim"]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tvshim.py")
-    spec = importlib.util.spec_from_file_location("attention_zoo._tvshim", path)
+    spec = importlib.util.spec_from_file_location("attention_zoo.adapters._tvshim", path)
     module = importlib.util.module_from_spec(spec)
     # Registered under its package name: ``import attention_zoo`` later finds it there and does not run it twice.
-    sys.modules["attention_zoo._tvshim"] = module
+    sys.modules["attention_zoo.adapters._tvshim"] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules["attention_zoo._tvshim"]
+        del sys.modules["attention_zoo.adapters._tvshim"]
         raise
     return module
 
@@ -85,7 +85,8 @@ def _site_dir() -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m attention_zoo._tvhook", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m attention_zoo.adapters._tvhook",
+                                     description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--install", action="store_true", help=f"write {PTH_NAME} into site-packages")
     group.add_argument("--uninstall", action="store_true", help=f"remove {PTH_NAME} from site-packages")

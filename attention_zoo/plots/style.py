@@ -35,7 +35,7 @@ def variant_colour(name: str) -> str:
 
 
 def _is_control(name: str) -> bool:
-    from .registry import get_attention_spec, is_attention
+    from ..registry import get_attention_spec, is_attention
 
     return name in CONTROL_STYLES or (is_attention(name) and get_attention_spec(name).control)
 
@@ -43,7 +43,7 @@ def _is_control(name: str) -> bool:
 def variant_palette(names: list[str] | None = None) -> dict[str, str]:
     """{variant name: colour} for ``names`` (default: every registered attention and the seven paper methods)."""
     if names is None:
-        from .registry import list_attentions
+        from ..registry import list_attentions
 
         names = sorted(set(VARIANT_COLOURS) | set(list_attentions()))
     return {n: variant_colour(n) for n in names}
@@ -52,7 +52,7 @@ def variant_palette(names: list[str] | None = None) -> dict[str, str]:
 def _is_variant(name: str) -> bool:
     if name in VARIANT_COLOURS:
         return True
-    from .registry import is_attention
+    from ..registry import is_attention
 
     return is_attention(name)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .io import atomic_savefig
-from .plots_style import (  # noqa: F401
+from ..io import atomic_savefig
+from ..report import interval_kind, t_band
+from .style import (  # noqa: F401
     CONTROL_HATCH,
     CONTROL_LINESTYLE,
     CONTROL_STYLES,
@@ -31,7 +32,6 @@ from .plots_style import (  # noqa: F401
     variant_colour,
     variant_palette,
 )
-from .report import interval_kind, t_band
 
 
 # ---- plots (seaborn, a separate step that reads the long frame) -------------------------------------------

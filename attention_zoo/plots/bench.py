@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .io import atomic_savefig
-from .plots import _plt, themed, variant_colour
+from ..io import atomic_savefig
+from . import _plt, themed, variant_colour
 
 
 @themed

@@ -11,7 +11,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from .host_adapters import HostLayout, _fail, _hides_future, _Swapped
+from .hosts import HostLayout, _fail, _hides_future, _Swapped
 
 
 def _gpt2_module():
