@@ -80,8 +80,8 @@ class Decoder(nn.Module):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: expected a bool, got {value!r}")
         self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
-                               share_across_layers, causal=causal, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout,
-                               norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
+                               share_across_layers, causal=causal, d_ff=d_ff, dropout=dropout,
+                               attn_dropout=attn_dropout, norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.positions = positions
