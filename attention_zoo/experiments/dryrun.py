@@ -63,10 +63,11 @@ def _steps(cell: dict, default: int | None = None) -> int | None:
     return steps if isinstance(steps, int) and steps > 0 else None
 
 
-def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None
+def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None, prior=None
              ) -> tuple[float, dict[str, int]]:
-    """Seconds for ``cells`` and how many cells each source priced (same kind, same variant, analytic, none);
-    ``steps``: the run's ``--steps`` for cells that do not record theirs."""
+    """Seconds for ``cells`` and how many cells each source priced (same kind, same variant, the experiment's
+    calibrated ``prior(cell)``, analytic, none); ``steps``: the run's ``--steps`` for cells that do not record
+    theirs."""
     by_kind, by_variant = {}, {}
     for rec in records:
         s = _seconds(rec)
@@ -74,7 +75,7 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
             by_kind.setdefault(_kind(rec["cell"]), []).append(s)
             by_variant.setdefault(rec["cell"].get("variant"), []).append((s, _steps(rec["cell"])))
     floor = STEP_FLOOR_S.get(name, STEP_FLOOR_S["*"])
-    total, sources = 0.0, {"same kind": 0, "same variant": 0, "analytic": 0, "unknown": 0}
+    total, sources = 0.0, {"same kind": 0, "same variant": 0, "calibrated": 0, "analytic": 0, "unknown": 0}
     for c in cells:
         same, n_steps = by_kind.get(_kind(c)), _steps(c, steps)
         scaled = [s * n_steps / n for s, n in by_variant.get(c.get("variant"), []) if n_steps and n]
@@ -86,6 +87,9 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
         elif scaled:
             total += statistics.median(scaled)
             sources["same variant"] += 1
+        elif prior is not None and (priced := prior(c)) is not None:
+            total += priced
+            sources["calibrated"] += 1
         elif n_steps:
             total += n_steps * floor
             sources["analytic"] += 1
@@ -95,8 +99,8 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
 
 
 def _cell_line(cell: dict) -> str:
-    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "phase", "lr", "weight_decay",
-            "seed")
+    keys = ("dataset", "task", "arm", "variant", "flavor", "setting", "lam", "d_e", "seq_len", "n_pairs", "model",
+            "phase", "lr", "weight_decay", "seed")
     return " ".join(f"{k}={cell[k]}" for k in keys if k in cell)
 
 
@@ -129,7 +133,7 @@ def show_plan(plan, args, name: str) -> int:
     done = [c for c in cells if store.is_done(c)]
     todo = [c for c in cells if not store.is_done(c)]
     steps = getattr(args, "steps", None) or getattr(args, "max_steps", None)
-    seconds, sources = estimate(todo, store.records(every_context=True), name, steps)
+    seconds, sources = estimate(todo, store.records(every_context=True), name, steps, getattr(plan, "prior", None))
     priced = ", ".join(f"{n} {k}" for k, n in sources.items() if n)
     unknown = (f"; {sources['unknown']} cell(s) without an estimate: no finished cell of their kind and no step "
                f"count (docs/paper_scale.md sizes the paper presets)" if sources["unknown"] else "")
