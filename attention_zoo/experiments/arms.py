@@ -3,7 +3,8 @@ matched MHA controls whose feed-forward width is solved to equal another arm's p
 
 An ``ArmSpec`` names what a cell trains: ``label`` (the ``arm`` column every row carries, and the name the claims
 filter on), the registered ``variant``, its attention ``options`` (the ``paper`` flavour), the backbone ``model``
-overrides (``n_heads``, ``d_ff``), the ``papers`` whose claims read it (``--paper`` picks them) and ``match``: for a
+overrides (``n_heads``, ``d_ff``), the ``papers`` whose claims read it (``--paper`` picks them), ``sweep``: the
+sweep it is a point of and its value there (a claim's slope runs over ``sweep_value``) and ``match``: for a
 control, ("params" | "flops", the label of the arm it matches), solved by ``matched_d_ff`` at the cell's own sizes
 (the feed-forward width whose model comes nearest to the target's parameters, or forward FLOPs). A wider FFN
 adds per-position capacity only: it reads no other position, so it matches a budget without adding attention.
@@ -39,6 +40,7 @@ class ArmSpec:
     model: dict = field(default_factory=dict)
     papers: tuple[str, ...] = ()
     match: tuple[str, str] | None = None
+    sweep: tuple[str, float] | None = None  # (sweep name, this arm's value): cells carry sweep / sweep_value
 
     def __post_init__(self):
         get_attention_spec(self.variant)
@@ -58,9 +60,12 @@ class ArmSpec:
 def arm_fields(arm: ArmSpec) -> dict:
     """The cell fields that identify the arm: label, variant, flavour, resolved attention options, model overrides
     (a matched arm's d_ff is solved at plan time and stored in ``backbone``)."""
-    return {"arm": arm.label, "variant": arm.variant, "flavor": "paper",
-            "attention_options": resolved_options_json(arm.variant, {**arm.options, "flavor": "paper"}),
-            "backbone": json.dumps(dict(sorted(arm.model.items())), sort_keys=True)}
+    fields = {"arm": arm.label, "variant": arm.variant, "flavor": "paper",
+              "attention_options": resolved_options_json(arm.variant, {**arm.options, "flavor": "paper"}),
+              "backbone": json.dumps(dict(sorted(arm.model.items())), sort_keys=True)}
+    if arm.sweep is not None:  # the claims' slope rules read a sweep's arms by these two columns
+        fields.update(sweep=arm.sweep[0], sweep_value=arm.sweep[1])
+    return fields
 
 
 def build_decoder(vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, arm: ArmSpec | dict,

@@ -60,8 +60,8 @@ class Decoder(nn.Module):
     Raises:
         ValueError: non-positive sizes, unknown attention or option, ``positions="rope"`` with an attention
             without the ``rotary_ok`` capability, ``share_across_layers`` and ``share_mlp`` given with different
-            values, ``causal`` or ``tie_weights`` not a bool, ``emb_std`` not positive, tokens not an integer [B,T] tensor within the
-            vocabulary and ``max_seq_len``.
+            values, ``causal`` or ``tie_weights`` not a bool, ``emb_std`` not positive, tokens not an integer [B,T]
+            tensor within the vocabulary and ``max_seq_len``.
     """
 
     ensemble_parameters = ("pos_emb",)  # learned positions may carry a seed axis (engine.ensemble)

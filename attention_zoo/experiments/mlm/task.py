@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import math
 
-
 from ...data.masked import MaskedEvaluator, MaskedSampler, unigram_loss
 from ...data.text import load_char_corpus
 from ...engine import evaluate, lm_loss

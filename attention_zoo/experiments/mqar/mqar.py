@@ -39,7 +39,10 @@ from .presets import (
 from .report import NAME, write_report
 from .task import MQARTask
 
-ENSEMBLE = frozenset({"decide"})  # presets whose units are grouped seed ensembles unless --no-ensemble
+# Seed ensembles are opt-in (--ensemble): at these sizes grouping did not pay for every arm (one thread, members of
+# one MQAR arm: MHA 17.8 ms per member-step grouped vs 17.8 alone at T = 32 and 37.2 vs 33.6 at T = 64; DCMHA 27.1 vs
+# 36.1 at T = 32), so the presets train one cell at a time; --ensemble groups every arm that allows it.
+ENSEMBLE: frozenset[str] = frozenset()
 
 
 def build_parser():
