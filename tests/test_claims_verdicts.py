@@ -174,7 +174,7 @@ def test_control_arms_match_their_parameter_targets(config):
 
 def test_controls_are_listed_only_on_request():
     assert zoo.list_attentions() == ["colmha", "damcha", "dcmha", "mha", "mma", "moa", "tha"]
-    controls = ["damcha_bm", "damcha_static", "mha_ctx", "mha_pm", "mha_sep"]
+    controls = ["damcha_bm", "damcha_static", "mha_cm", "mha_ctx", "mha_pm", "mha_sep"]
     assert [n for n in zoo.list_attentions(include_controls=True) if zoo.get_attention_spec(n).control] == controls
     from attention_zoo.registry import select_attentions
 
@@ -195,3 +195,15 @@ def test_context_mlp_reads_the_context_and_nothing_else():
     x2[:, 4:] += 1.0  # the future changes: a causal context keeps the past's outputs
     torch.testing.assert_close(attn(x2)[:, :4], y[:, :4])
     assert json.dumps(zoo.get_attention_spec("mha_ctx").options)  # options are plain names
+
+
+def test_the_compute_matched_mha_has_damchas_attention_flops_in_a_causal_stack():
+    from attention_zoo.measure.flops import analytic_flops
+
+    flops = {}
+    for name in ("mha", "damcha", "mha_cm"):
+        opts, _ = split_options(name, {"hidden_dims": (128, 256)})
+        stack = AttentionStack(StackConfig(64, 2, 8, name, opts, causal=True, max_seq_len=64))
+        flops[name] = analytic_flops(stack, 1, 64)
+    assert flops["damcha"] > 1.5 * flops["mha"]  # where the control is needed
+    assert abs(flops["mha_cm"] / flops["damcha"] - 1) < 0.01, flops

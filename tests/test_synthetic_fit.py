@@ -132,19 +132,19 @@ def test_decide_preset_grid_and_arms():
     assert tuning.seeds == tuple(range(10)) and not set(tuning.tune_seeds) & set(tuning.seeds)
     cells = exp.build_cells(args, exp.PRESETS["decide"], "decide", tuning, [])  # nothing tuned yet
     arms = {c["variant"] for c in cells}
-    assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm"}
+    assert arms == {"mha", "damcha", "mha_pm", "mha_ctx", "damcha_static", "damcha_bm", "mha_sep"}
     final = [c for c in cells if c["phase"] == "tuned"]
     assert {c["lam"] for c in final if c["task"] == "regression"} == {0.0, 0.2, 0.6, 1.0}
     assert {c["d_e"] for c in final if c["task"] == "classification"} == {4, 8, 12, 16, 20}
-    assert {c["seed"] for c in final} == set(range(10)) and len(final) == 9 * 6 * 10
+    assert {c["seed"] for c in final} == set(range(10)) and len(final) == 9 * 7 * 10
     assert all(c["lr"] is None for c in final)  # waiting for their arm's tuning
     tune = [c for c in cells if c["phase"] == "tune"]
     assert {(c["task"], c["lam"], c["d_e"]) for c in tune} == {("regression", 1.0, 8), ("classification", None, 12)}
-    assert len(tune) == 2 * 6 * 10 * 2 and {"phase", "lr", "weight_decay"} <= set(tune[0])
+    assert len(tune) == 2 * 7 * 10 * 2 and {"phase", "lr", "weight_decay"} <= set(tune[0])
     fit = exp.PRESETS["decide"].fit
     assert fit.patience and fit.eval_every and len(fit.budget_fracs) >= 4
     groups = exp.groups_of(tune)  # the grid rides the ensemble axis: one group per (task, arm)
-    assert len(groups) == 12 and all(len(g) == 20 for g in groups)
+    assert len(groups) == 14 and all(len(g) == 20 for g in groups)
 
 
 def test_tiny_decide_preset_end_to_end(tmp_path, capsys):

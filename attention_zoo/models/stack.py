@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..registry import create_attention, get_attention_spec
 from ..variants.base import Rotary, StackShare
+from ..variants.seed_axis import by_seed, seeds_of
 
 
 def resolve_share_flag(share_across_layers: bool | None, share_mlp: bool | None) -> bool:
@@ -88,7 +89,9 @@ class FeedForward(nn.Sequential):
 
 class SliceNorm(nn.Module):
     """LayerNorm over each of ``groups`` equal slices of the last axis (a ``subspace_towers`` stack): no statistic
-    crosses slices. Its weight and bias are D-vectors, as nn.LayerNorm's."""
+    crosses slices. Its weight and bias are D-vectors, as nn.LayerNorm's (with a seed axis in a grouped ensemble)."""
+
+    ensemble_parameters = ("weight", "bias")
 
     def __init__(self, d_model: int, groups: int):
         super().__init__()
@@ -96,15 +99,18 @@ class SliceNorm(nn.Module):
         self.weight, self.bias = nn.Parameter(torch.ones(d_model)), nn.Parameter(torch.zeros(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        G = self.groups
-        xs = x.unflatten(-1, (G, -1))  # (..., G, D/G)
+        G, S = self.groups, seeds_of(self.weight, 1) or 1
+        xs = by_seed(x.unflatten(-1, (G, -1)), S)  # (S, B, ..., G, D/G)
         y = nn.functional.layer_norm(xs, xs.shape[-1:])
-        return (y * self.weight.view(G, -1) + self.bias.view(G, -1)).flatten(-2)  # (..., D)
+        shape = (S,) + (1,) * (y.dim() - 3) + (G, -1)
+        return (y * self.weight.reshape(shape) + self.bias.reshape(shape)).flatten(0, 1).flatten(-2)  # (S·B, ..., D)
 
 
 class SliceFeedForward(nn.Module):
     """A feed-forward network per slice (``groups`` towers, d_ff/groups hidden units each): block-diagonal weights,
     so no slice reads another."""
+
+    ensemble_parameters = ("w1", "b1", "w2", "b2")
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, groups: int):
         super().__init__()
@@ -117,9 +123,13 @@ class SliceFeedForward(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        xs = x.unflatten(-1, (self.groups, -1))  # (..., G, d)
-        h = self.drop(nn.functional.gelu(torch.einsum("...gd,gdf->...gf", xs, self.w1) + self.b1))
-        return self.drop(torch.einsum("...gf,gfd->...gd", h, self.w2) + self.b2).flatten(-2)  # (..., D)
+        G, S = self.groups, seeds_of(self.w1, 3) or 1
+        xs = by_seed(x.unflatten(-1, (G, -1)), S).flatten(1, -3)  # (S, N, G, d)
+        w1, w2 = self.w1.reshape(S, *self.w1.shape[-3:]), self.w2.reshape(S, *self.w2.shape[-3:])
+        b1, b2 = self.b1.reshape(S, 1, G, -1), self.b2.reshape(S, 1, G, -1)
+        h = self.drop(nn.functional.gelu(torch.einsum("sngd,sgdf->sngf", xs, w1) + b1))
+        y = self.drop(torch.einsum("sngf,sgfd->sngd", h, w2) + b2)  # (S, N, G, d)
+        return y.reshape(*x.shape)  # (S·B, ..., D)
 
 
 class Block(nn.Module):

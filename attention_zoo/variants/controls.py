@@ -18,6 +18,9 @@ the seven variants and any script runs a control by name (``--variants mha,damch
   for the stack when shared as DAMCHA's generator is), the paper's own ablation, reported as a control.
 - ``damcha_bm`` (budget-matched DAMCHA): DAMCHA with a collapsed generator (H·dₕ·dₕ outputs, the functionally
   distinct RowSums) and one hidden layer whose width is solved so the model has MHA's parameter count.
+- ``mha_cm`` (compute-matched MHA): ``mha_pm``'s construction with the MLP's width solved from training FLOPs instead
+  of parameters: the stack's analytic attention FLOPs equal DAMCHA's (same options, the stack's ``max_seq_len``), for
+  the tasks where DAMCHA's generator costs far more compute per token than MHA (causal ones: one call per prefix).
 - ``mha_sep`` (separate towers, the positive control of the synthetic λ axis): MHA whose head i reads only the
   i-th slice of its input and writes only the i-th slice of its output (block-diagonal Q, K, V and output
   projections), with the ``subspace_towers`` capability, so a backbone keeps the slices apart in its norms and
@@ -28,26 +31,17 @@ the seven variants and any script runs a control by name (``--variants mha,damch
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
 from .base import AttentionBase, Masks, Rotary, StackShare, check_positive_int
+from .control_modules import ContextMLP, PositionwiseMLP, generator_outputs, mlp_params  # noqa: F401
 from .damcha import MBasedAttention
-from .damcha_generator import MetricConfig, token_context
+from .damcha_generator import MetricConfig
 from .mha import MultiHeadAttention
+from .seed_axis import by_seed, seeds_of
 
 DEFAULT_HIDDEN = MetricConfig().hidden_dims  # DAMCHA's default generator widths
-
-
-def mlp_params(widths: tuple[int, ...]) -> int:
-    """Weights and biases of a chain of Linear layers through ``widths`` (in, hidden…, out)."""
-    return sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
-
-
-def generator_outputs(d_model: int, compact_rank: int = 0) -> int:
-    """Outputs of DAMCHA's generator: D² (``mlp`` mode), or 2·D·r with compact rank r."""
-    return 2 * d_model * compact_rank if compact_rank else d_model * d_model
 
 
 def damcha_generator_params(d_model: int, hidden_dims: tuple[int, ...], compact_rank: int = 0) -> int:
@@ -61,73 +55,6 @@ def _hidden(hidden_dims) -> tuple[int, ...]:
                                                        for h in dims):
         raise ValueError(f"hidden_dims: expected a sequence of positive ints, got {hidden_dims!r}")
     return tuple(dims)
-
-
-# ---- extra modules ---------------------------------------------------------------------------------------------
-class PositionwiseMLP(nn.Module):
-    """x [..., D] -> Linear(D, w) -> GELU -> Dropout -> Linear(w, D), output layer zero-initialised."""
-
-    def __init__(self, d_model: int, width: int, dropout: float, n_uses: int = 1):
-        super().__init__()
-        self.d_model, self.width, self.n_uses = d_model, width, n_uses
-        self.fc = nn.Linear(d_model, width)
-        self.proj = nn.Linear(width, d_model)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.drop(F.gelu(self.fc(x))))
-
-    def analytic_params(self) -> int:
-        return mlp_params((self.d_model, self.width, self.d_model))
-
-    def analytic_flops(self, batch: int, seq_len: int) -> int:
-        return self.n_uses * 2 * batch * seq_len * 2 * self.d_model * self.width
-
-
-class ContextMLP(nn.Module):
-    """c [..., D] -> (Linear, GELU, Dropout)* -> Linear(w_last, D·k) -> mean over groups of k -> [..., D], with
-    D·k DAMCHA's generator outputs (k = D, or 2·r with compact rank r).
-
-    The D² output rows are those of DAMCHA's generator (same widths, same parameters). With causal prefix contexts the
-    mean over each group is taken on the weights (a [D, w_last] layer per call), so no D² outputs are built per
-    position; with one context per sequence the layer runs and its outputs are averaged (the same values).
-    """
-
-    def __init__(self, d_model: int, hidden_dims: tuple[int, ...], causal: bool, dropout: float,
-                 compact_rank: int = 0):
-        super().__init__()
-        self.d_model, self.hidden_dims, self.causal = d_model, hidden_dims, causal
-        self.n_out = generator_outputs(d_model, compact_rank)
-        layers, width = [], d_model
-        for h in hidden_dims:
-            layers += [nn.Linear(width, h), nn.GELU(), nn.Dropout(dropout)]
-            width = h
-        self.trunk = nn.Sequential(*layers)
-        self.out = nn.Linear(width, self.n_out)
-        self.fold_weights = causal  # causal: one context per position, so D·k outputs per position would be costly
-
-    def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
-        """The context term added to the attention output: [B, 1, D] (full-sequence mean) or [B, T, D] (causal)."""
-        D, k = self.d_model, self.n_out // self.d_model
-        z = self.trunk(token_context(x, padding_mask, self.causal))  # (B, w) or (B, T, w)
-        if self.fold_weights:  # the mean of each group of k output rows, taken on the weights: no D·k outputs
-            y = F.linear(z, self.out.weight.view(D, k, -1).mean(1), self.out.bias.view(D, k).mean(1))
-        else:  # one context per sequence: D·k outputs are cheap, and the layer itself is called
-            y = self.out(z).unflatten(-1, (D, k)).mean(-1)
-        return y if self.causal else y[:, None]
-
-    def ensemble_prepare(self) -> None:
-        self.fold_weights = False  # a grouped copy replaces ``out``; its raw weights are not read
-
-    def analytic_params(self) -> int:
-        return mlp_params((self.d_model, *self.hidden_dims, self.n_out))
-
-    def analytic_flops(self, batch: int, seq_len: int) -> int:
-        calls = seq_len if self.causal else 1
-        return 2 * batch * calls * sum(i * o for i, o in zip((self.d_model, *self.hidden_dims),
-                                                             (*self.hidden_dims, self.d_model)))
 
 
 # ---- the arms --------------------------------------------------------------------------------------------------
@@ -193,6 +120,67 @@ class ParamMatchedMHA(MultiHeadAttention):
     def analytic_flops(self, batch: int, seq_len: int) -> int:
         own = self.extra.analytic_flops(batch, seq_len) if self.extra is not None else 0
         return super().analytic_flops(batch, seq_len) + own
+
+
+def damcha_stack_flops(d_model: int, n_heads: int, n_layers: int, causal: bool, seq_len: int, share: bool,
+                       options: dict) -> int:
+    """Analytic forward FLOPs of a DAMCHA stack's attention for one sequence of ``seq_len`` (its layers and its
+    shared generator), built on the meta device (no memory)."""
+    import torch
+
+    from ..registry import create_attention, get_attention_spec
+
+    opts = {k: v for k, v in options.items() if k in get_attention_spec("damcha").options}
+    with torch.device("meta"):
+        shared = MBasedAttention.build_stack_shared(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                                                    causal=causal, share_mlp=share, **opts)
+        layers = [create_attention("damcha", d_model=d_model, n_heads=n_heads, causal=causal, share_mlp=share,
+                                   stack=StackShare(shared, i, n_layers), **opts) for i in range(n_layers)]
+    own = shared.analytic_flops(1, seq_len) if shared is not None and hasattr(shared, "analytic_flops") else 0
+    return own + sum(layer.analytic_flops(1, seq_len) for layer in layers)
+
+
+REFERENCE_LEN = 64  # mha_cm's matching length where no max_seq_len is given (a layer built on its own)
+
+
+@register_attention("mha_cm")
+class ComputeMatchedMHA(ParamMatchedMHA):
+    """Control: MHA + a parallel position-wise MLP whose width gives the stack DAMCHA's analytic attention FLOPs
+    (same ``hidden_dims`` and ``compact_rank``, at the stack's ``max_seq_len``; at ``REFERENCE_LEN`` tokens where none
+    is given)."""
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
+                 flavor: str = "paper", bias: bool = True, fused: bool = True, max_seq_len: int | None = None,
+                 hidden_dims: tuple[int, ...] | None = None, compact_rank: int = 0, share_mlp: bool = True,
+                 stack: StackShare | None = None):
+        self._flops_key = (max_seq_len or REFERENCE_LEN, causal, share_mlp)
+        super().__init__(d_model, n_heads, causal, dropout, flavor=flavor, bias=bias, fused=fused,
+                         max_seq_len=max_seq_len, hidden_dims=hidden_dims, compact_rank=compact_rank,
+                         share_mlp=share_mlp, stack=stack)
+
+    def matched_mlp(self, d_model, hidden_dims, compact_rank, n_layers, dropout, bias=True):
+        seq_len, causal, share = self._flops_key
+        return type(self).flops_mlp(d_model, self.n_heads, hidden_dims, compact_rank, n_layers, dropout, seq_len,
+                                    causal, share, bias)
+
+    @staticmethod
+    def flops_mlp(d_model, n_heads, hidden_dims, compact_rank, n_layers, dropout, seq_len, causal, share,
+                  bias=True) -> PositionwiseMLP | None:
+        """The MLP (used by each of ``n_layers`` layers) whose FLOPs make up DAMCHA's surplus over MHA."""
+        target = damcha_stack_flops(d_model, n_heads, n_layers, causal, seq_len, share,
+                                    {"hidden_dims": hidden_dims, "compact_rank": compact_rank})
+        mha = n_layers * (8 * seq_len * d_model * d_model + 4 * seq_len * seq_len * d_model)
+        w = max(0, round((target - mha) / (n_layers * 4 * seq_len * d_model)))
+        return PositionwiseMLP(d_model, w, dropout, n_uses=n_layers) if w > 0 else None
+
+    @classmethod
+    def build_stack_shared(cls, *, n_layers: int, d_model: int, n_heads: int, causal: bool, dropout: float = 0.0,
+                           share_mlp: bool = True, hidden_dims=None, compact_rank: int = 0, bias: bool = True,
+                           max_seq_len: int | None = None, **options):
+        if not share_mlp:
+            return None
+        return cls.flops_mlp(d_model, n_heads, _hidden(hidden_dims), compact_rank, n_layers, dropout,
+                             max_seq_len or REFERENCE_LEN, causal, True, bias)
 
 
 @register_attention("mha_ctx")
@@ -307,6 +295,7 @@ class SeparateTowersAttention(AttentionBase):
     fused_kernel = True
     subspace_towers = True
     flavors = ("paper",)
+    ensemble_parameters = ("w_qkv", "w_out", "b_qkv", "b_out")  # may carry a seed axis (engine.ensemble)
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, dropout: float = 0.0, *,
                  flavor: str = "paper", bias: bool = True, max_seq_len: int | None = None):
@@ -319,15 +308,17 @@ class SeparateTowersAttention(AttentionBase):
         self.b_out = nn.Parameter(torch.zeros(H, d)) if bias else None
 
     def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
-        xs = x.unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, d)
-        qkv = torch.einsum("bthd,hde->bhte", xs, self.w_qkv)  # (B, H, T, 3d)
+        S = seeds_of(self.w_qkv, 3) or 1  # a grouped ensemble: S seeds' weights, the batch seed-major [S·B, ...]
+        w_qkv, w_out = self.w_qkv.reshape(S, *self.w_qkv.shape[-3:]), self.w_out.reshape(S, *self.w_out.shape[-3:])
+        xs = by_seed(x.unflatten(-1, (self.n_heads, self.head_dim)), S)  # (S, B, T, H, d)
+        qkv = torch.einsum("sbthd,shde->sbhte", xs, w_qkv)  # (S, B, H, T, 3d)
         if self.b_qkv is not None:
-            qkv = qkv + self.b_qkv[:, None, :]
-        q, k, v = qkv.chunk(3, dim=-1)  # (B, H, T, d) each
-        out = torch.einsum("bhtd,hde->bthe", self.sdpa(q, k, v, masks), self.w_out)  # (B, T, H, d)
+            qkv = qkv + self.b_qkv.reshape(S, 1, self.n_heads, 1, -1)
+        q, k, v = qkv.flatten(0, 1).chunk(3, dim=-1)  # (S·B, H, T, d) each
+        out = torch.einsum("sbhtd,shde->sbthe", by_seed(self.sdpa(q, k, v, masks), S), w_out)  # (S, B, T, H, d)
         if self.b_out is not None:
-            out = out + self.b_out
-        return out.flatten(-2)  # (B, T, D)
+            out = out + self.b_out.reshape(S, 1, 1, self.n_heads, -1)
+        return out.flatten(0, 1).flatten(-2)  # (S·B, T, D)
 
     def analytic_params(self) -> int:
         D, H = self.d_model, self.n_heads

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .base import autocast_enabled, check_choice, check_fraction, check_positive_int, value_shape
+from .base import autocast_enabled, check_fraction, check_positive_int
+from .damcha_config import _CHUNK_BUDGET, OFF_DIAG_MODES, MetricConfig, MetricContext  # noqa: F401
 from .damcha_factored import FactoredMetrics
+from .damcha_generator_costs import GeneratorCosts
 from .damcha_ops import (  # noqa: F401  (fold_rowsum, _RowSumLinear: also imported from here by callers)
     FoldRowSum,
     GradStorage,
@@ -32,83 +34,8 @@ from .damcha_ops import (  # noqa: F401  (fold_rowsum, _RowSumLinear: also impor
     token_context,
 )
 
-OFF_DIAG_MODES = ("mlp", "linear_comb", "bayesian", "separate_B")
-_CHUNK_BUDGET = 1 << 22  # metric elements held at once by the causal path (16 MiB in fp32)
 
-
-@dataclass
-class MetricConfig:
-    """Generator options (names as in the DAMCHA authors' code)."""
-
-    hidden_dims: tuple[int, ...] = (256, 512)  # () gives one Linear(D -> D²)
-    off_diag_mode: str = "mlp"
-    diag_scale: float = 1.0
-    off_diag_scale: float = 1.0
-    # r > 0: the generator outputs U, V ∈ R^{D×r} and M = U Vᵀ / √r, as in the authors' code: ``off_diag_mode`` is
-    # then skipped (the mode's parameters are still built but do not shape M).
-    compact_rank: int = 0
-    use_layer_bias: bool = False
-    layer_bias_rank: int = 16
-    # True: the generator's raw D×D output is the metric whatever ``off_diag_mode`` is (the authors' ``free_M``);
-    # layer bias and block scales still apply. The mode's parameters are built but do not shape M.
-    free_M: bool = False
-    fused_rowsum: bool = True
-    gen_dropout: float | None = None  # None: the owning layer's ``dropout``, as the authors pass it
-    off_diag_alpha_init: float = 0.1
-    kl_weight: float = 1e-4
-    query_chunk: int | None = None  # causal path: positions per chunk (None: sized to a fixed memory budget)
-    collapsed_generator: bool = False  # final layer outputs the H·dh·dh RowSums directly (see collapse_generator)
-    # Causal shared stack: "store" computes the per-position metrics [B,T,H,dh,dh] once per forward and every layer
-    # reads them (the authors' semantics, one final-layer GEMM per stack); "recompute" has each layer rebuild them
-    # chunk by chunk under checkpointing (memory O(B·T·D) instead of B·T·D·dh, the final layer run once per layer
-    # and again in backward). Same values and gradients.
-    metric_cache: str = "store"
-
-    def __post_init__(self):
-        if not isinstance(self.hidden_dims, (list, tuple)) or not all(
-                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.hidden_dims):
-            raise ValueError(f"hidden_dims: expected a sequence of positive ints, got {self.hidden_dims!r}")
-        self.hidden_dims = tuple(self.hidden_dims)
-        for f in fields(self):  # bool-typed options: "no" or 0 must not silently mean True/False
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"{f.name}: expected a bool, got {getattr(self, f.name)!r}")
-        check_choice("off_diag_mode", self.off_diag_mode, OFF_DIAG_MODES)
-        check_positive_int("compact_rank", self.compact_rank, allow_zero=True)
-        check_positive_int("layer_bias_rank", self.layer_bias_rank)
-        if self.gen_dropout is not None:
-            check_fraction("gen_dropout", self.gen_dropout)
-        for name in ("diag_scale", "off_diag_scale", "off_diag_alpha_init", "kl_weight"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name}: expected a finite float, got {v!r}")
-        if self.query_chunk is not None:
-            check_positive_int("query_chunk", self.query_chunk)
-        check_choice("metric_cache", self.metric_cache, ("store", "recompute"))
-        if self.collapsed_generator and not (self.off_diag_mode == "mlp" and self.compact_rank == 0
-                                             and not self.use_layer_bias and self.fused_rowsum):
-            raise ValueError("collapsed_generator: needs off_diag_mode='mlp', compact_rank=0, use_layer_bias=False "
-                             "and fused_rowsum=True (only there does the loss see the output rows through RowSum)")
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-
-@dataclass
-class MetricContext:
-    """What one generator call leaves for the layers that use it."""
-
-    summary: Tensor  # [B, D] detached context (final prefix when causal), for get_M_matrices
-    hidden: Tensor  # z, the penultimate activations: [B, w] or [B, T, w]
-    alpha: Tensor | None  # α of linear_comb / bayesian, sampled once per forward
-    metrics: Tensor | None  # [B, H, dh, dh]; causal: [B, T, H, dh, dh] when stored, else None (made per chunk)
-    # Stored causal metrics read by several layers: their gradients meet in one buffer (see ``SharedMetricGrad``).
-    metric_grad: SharedMetricGrad | None = None
-    # Stored causal compact-rank metrics as their factors (``damcha_factored``): read instead of ``metrics``.
-    factors: FactoredMetrics | None = None
-
-
-class StructuredMLPForM(nn.Module):
+class StructuredMLPForM(GeneratorCosts, nn.Module):
     """Metric generator: context -> hidden MLP (Linear, GELU, Dropout)* -> Linear(w_last -> D² or 2·D·r)."""
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, n_layers: int = 1,
@@ -202,47 +129,6 @@ class StructuredMLPForM(nn.Module):
         its own input with its ``layer_idx``, so a shared stack computes nothing ahead. Read by ``stack_context``,
         ``stores_metrics``, the FLOP counts and the layers."""
         return self.cfg.use_layer_bias
-
-    # ---- inspection -----------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def inspectable(self):
-        """Within the block, run the explicit D×D path (``fused_rowsum=False``) without chunk checkpointing, so the
-        final layer's D² outputs, i.e. the metric M before RowSum, are in the autograd graph. Same values and
-        gradients (docs/variants.md §7.4); the configuration is restored on exit."""
-        saved = self.cfg, self.checkpoint_chunks
-        try:
-            self.cfg, self.checkpoint_chunks = replace(self.cfg, fused_rowsum=False), False
-            yield self
-        finally:
-            self.cfg, self.checkpoint_chunks = saved
-
-    @property
-    def outputs_metric(self) -> bool:
-        """Whether the final layer's D² outputs are the metric M itself (mlp mode, no compact rank, not collapsed)."""
-        return self.metric_mode == "mlp" and not self.cfg.compact_rank and not self.collapsed
-
-    def final_layer_grad_blocks(self) -> Tensor:
-        """The gradient of the final layer's weight, as blocks [H(i), dh(a), H(j), dh(c), w] of its D² outputs
-        (in every ``off_diag_mode``; only in ``mlp`` mode are those outputs the metric itself).
-
-        Raises:
-            ValueError: a final layer without D² outputs (compact rank, collapsed) or no gradient yet.
-        """
-        if self.cfg.compact_rank or self.collapsed:
-            raise ValueError("generator: its final layer has no D² outputs (compact rank or collapsed)")
-        if self.out.weight.grad is None:
-            raise ValueError("generator: no gradient yet; run backward first")
-        H, dh = self.n_heads, self.head_dim
-        return self.out.weight.grad.unflatten(0, (H, dh, H, dh))
-
-    @staticmethod
-    def fvcore_handles() -> dict:
-        """fvcore handle of the RowSum-folded final layer (a custom autograd Function, opaque to the tracer): a
-        Linear on the folded weight, z [n, w] -> [n, H·dh·dh]; the fold's additions count 0, as elsewhere."""
-        def rowsum_linear(inputs, outputs):
-            return math.prod(value_shape(outputs[0])) * value_shape(inputs[0])[-1]
-
-        return {f"prim::PythonOp.{_RowSumLinear.__name__}": rowsum_linear}
 
     # ---- the generator call ---------------------------------------------------------------------------------
     def prepare(self, x: Tensor, padding_mask: Tensor | None, layer_idx: int | None = None,
@@ -481,80 +367,6 @@ class StructuredMLPForM(nn.Module):
         if self.fused and not self.collapsed and not self.cfg.compact_rank:
             self.cfg = replace(self.cfg, fused_rowsum=False)
 
-    # ---- analytic costs -------------------------------------------------------------------------------------
-    def analytic_params(self) -> int:
-        cfg, D, H = self.cfg, self.d_model, self.n_heads
-        widths = (D, *cfg.hidden_dims, self.out_dim)
-        n = sum(i * o + o for i, o in zip(widths[:-1], widths[1:]))
-        n += {"mlp": 0, "linear_comb": H**3, "bayesian": 2 * H**3, "separate_B": D * D}[cfg.off_diag_mode]
-        if cfg.use_layer_bias:
-            n += 2 * D * cfg.layer_bias_rank + self.n_layers * cfg.layer_bias_rank
-        return n
-
-    def calls(self, seq_len: int) -> int:
-        """Generator calls per sequence: one context, or one per prefix when causal."""
-        return seq_len if self.causal else 1
-
-    def trunk_flops(self, batch: int, seq_len: int) -> int:
-        widths = (self.d_model, *self.cfg.hidden_dims)
-        return 2 * batch * self.calls(seq_len) * sum(i * o for i, o in zip(widths[:-1], widths[1:]))
-
-    def head_flops(self, batch: int, seq_len: int) -> int:
-        """Final layer (fused: D·dh outputs; explicit: D² or 2·D·r) plus compact product and α mixing."""
-        cfg, D, H, dh = self.cfg, self.d_model, self.n_heads, self.head_dim
-        plain_fused = self.fused and not cfg.compact_rank
-        macs = self.last_width * (D * dh if plain_fused else self.out_dim)
-        if cfg.compact_rank:  # U Vᵀ: contracted per head when fused (D·dh·r), full D×D otherwise (D²·r)
-            macs += (D * dh if self.fused else D * D) * cfg.compact_rank
-        if self.metric_mode in ("linear_comb", "bayesian"):
-            macs += H * H * H * dh * dh
-        return 2 * batch * self.calls(seq_len) * macs
-
-    def analytic_flops(self, batch: int, seq_len: int) -> int:
-        """The once-per-stack call: trunk, plus the final layer when the metrics are precomputed (non-causal)."""
-        if self.runs_per_layer:
-            return 0  # each layer calls the generator itself; the layers count it
-        head = self.head_flops(batch, seq_len) if not self.causal or self.stores_metrics else 0
-        return self.trunk_flops(batch, seq_len) + head
-
-
-@torch.no_grad()
-def collapse_generator(gen: StructuredMLPForM) -> StructuredMLPForM:
-    """A collapsed copy of a full ``mlp``-mode generator computing the same metrics m_i (issue: RowSum analysis).
-
-    In ``mlp`` mode the loss sees the D² output rows only through their H-fold block-row sums, so every block of a
-    block-row gets the same gradient. The collapsed layer keeps one H·dh·dh-row layer P with W′ = H·P. Under
-    Adam/AdamW each element's update is invariant to a constant gradient scale, so P moves like one block of the
-    full layer and W′ = H·P moves like the sum of its H identical updates. Exact when the collapsed parameters use
-    eps·H (``adam_param_groups``) and no global-norm clipping couples them to other parameters; with the same eps
-    or with clipping it is approximate; under SGD the matching scale would be √H, not H.
-    """
-    from dataclasses import replace
-
-    new = StructuredMLPForM(gen.d_model, gen.n_heads, gen.causal, gen.n_layers,
-                            replace(gen.cfg, collapsed_generator=True))
-    new.trunk.load_state_dict(gen.trunk.state_dict())
-    W, b = fold_rowsum(gen.out.weight, gen.out.bias, gen.n_heads)
-    new.out.weight.copy_(W / gen.n_heads)
-    new.out.bias.copy_(b / gen.n_heads)
-    return new.to(gen.out.weight.dtype)
-
-
-def adam_param_groups(model: nn.Module, eps: float = 1e-8, **group_options) -> list[dict]:
-    """AdamW parameter groups with eps·H for collapsed generator layers, so they track the full model exactly."""
-    scaled, scaled_ids = [], set()
-    for m in model.modules():
-        if isinstance(m, StructuredMLPForM) and m.collapsed:
-            for p in m.out.parameters():
-                if id(p) not in scaled_ids:
-                    scaled_ids.add(id(p))
-                    scaled.append((p, m.n_heads))
-    rest = [p for p in model.parameters() if id(p) not in scaled_ids]
-    groups = [{"params": rest, "eps": eps, **group_options}]
-    for h in sorted({h for _, h in scaled}):
-        groups.append({"params": [p for p, hh in scaled if hh == h], "eps": eps * h, **group_options})
-    return groups
-
 
 @contextlib.contextmanager
 def _eval_mode(module: nn.Module):
@@ -564,3 +376,18 @@ def _eval_mode(module: nn.Module):
         yield
     finally:
         module.train(was)
+
+
+
+
+def __getattr__(name: str):
+    """``adam_param_groups`` and ``collapse_generator`` moved to ``damcha_collapse``: the old names still resolve (a
+    DeprecationWarning), loaded on first use so that the two modules do not import each other."""
+    if name in ("adam_param_groups", "collapse_generator"):
+        import importlib
+        import warnings
+
+        warnings.warn(f"{__name__}.{name} moved to {__package__}.damcha_collapse.{name}; the old path goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(f"{__package__}.damcha_collapse"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ from ...registry import create_attention
 from ...report import markdown_table, write_tables
 from ...results import ResultStore, ensure_out_dir
 from ...variants.damcha import metric_generator, set_block_scales
-from ...variants.damcha_generator import adam_param_groups
+from ...variants.damcha_collapse import adam_param_groups
 from ..common import ListAction, base_parser, experiment_main, open_store, setup_threads
 from ..launchers import run_whole
 from ..protocol import add_launcher_arguments

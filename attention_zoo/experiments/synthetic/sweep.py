@@ -97,7 +97,7 @@ PRESETS = {
                      n_layers=1,
                      fit=Fit(max_steps=3000, batch_size=64, lr=3e-3, warmup=100, eval_every=200, patience=4,
                              budget_fracs=(0.125, 0.25, 0.5, 1.0), ckpt_every=500),
-                     seeds=tuple(range(10)), variants="mha,damcha,controls", attention_options=NARROW),
+                     seeds=tuple(range(10)), variants="mha,damcha,mha_pm,mha_ctx,damcha_static,damcha_bm,mha_sep", attention_options=NARROW),
     "paper": Preset(LAMBDAS, DES, reg_d_e=8, seq_len=32, n_train=16384, n_val=2048, n_test=4096, n_layers=2,
                     fit=Fit(max_steps=3000, batch_size=128, lr=3e-3, warmup=100, eval_every=200, patience=5,
                             budget_fracs=(0.125, 0.25, 0.5, 1.0), ckpt_every=500)),
