@@ -164,13 +164,6 @@ def noninferior_verdict(res: Result, margin: float) -> str:
     return "inconclusive"
 
 
-def equivalent(res: Result, margin: float) -> bool:
-    """Two one-sided tests at the comparison's Holm level: its (1 − 2·level) interval inside ±``margin``."""
-    if not res.test.decidable:
-        return False
-    return stats.tost(res.effects, margin, res.level)[0]
-
-
 def combine(results: list[Result]) -> str:
     """The claim's verdict from its comparisons' (the first reason of the deciding kind is kept)."""
     verdicts = [r.verdict for r in results]
@@ -183,8 +176,7 @@ def combine(results: list[Result]) -> str:
             return f"{kind} {why}" if why.startswith(("at ", "with ")) else f"{kind}: {why}" if why else kind
     if "inconclusive" in verdicts or "not run" in verdicts:
         return "inconclusive"
-    hit = [r for r in results if r.verdict == "equivalent"]  # the claimed difference is absent where equivalent
-    if hit:
+    if hit := [r for r in results if r.verdict == "equivalent"]:  # the claimed difference is absent there
         return f"equivalent: {hit[0].name} {hit[0].why}"
     return "explained by a control" if "explained by a control" in verdicts else "supported"
 
@@ -355,8 +347,8 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
             if r.verdict == "supported" and r.direction > 0 and any(c.explains for c in r.controls):
                 r.verdict = "explained by a control"
                 r.why = "matched by " + ", ".join(c.name for c in r.controls if c.explains)
-        if claim.equivalence is not None and r.verdict == "inconclusive" and equivalent(r, claim.equivalence):
-            r.verdict, r.why = "equivalent", f"within ±{claim.equivalence:g} {r.unit}"
+        if claim.equivalence and r.verdict == "inconclusive" and stats.tost(r.effects, claim.equivalence, r.level)[0]:
+            r.verdict, r.why = "equivalent", f"within ±{claim.equivalence:g} {r.unit}"  # two one-sided tests
         if r.verdict in ("supported", "contradicted", "inconclusive") and (bound := budget_bound(r)):
             r.verdict, r.why = "not decidable", f"at this budget: {bound}"
     control_note = positive_control(claim, preset, frame, results)

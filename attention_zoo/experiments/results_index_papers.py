@@ -10,7 +10,6 @@ import pandas as pd
 
 from .. import report
 from ..results import read_records
-from .mqar.report import capability
 
 # (name, title, folder, markdown, claims prefixes, what the stand-ins are and where they stop)
 PAPER_SECTIONS = (
@@ -46,6 +45,22 @@ PAPER_SECTIONS = (
 )
 
 
+def capability(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm, one column per rung "T=…, n=…": mean test accuracy (%) [95 % t-interval] (n seeds)."""
+    acc = df[(df["metric"] == "test_acc") & (df["status"] == "ok")]
+    if acc.empty:
+        return pd.DataFrame()
+    rows = {}
+    for (arm, t, n), g in acc.groupby(["arm", "seq_len", "n_pairs"]):
+        mean, lo, hi = report.t_interval(100 * g["value"].to_numpy(float))
+        cell = f"{mean:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if pd.notna(lo) else "") + f" (n={len(g)})"
+        rows.setdefault(arm, {})[f"T={int(t)}, n={int(n)}"] = cell
+    order = sorted({c for r in rows.values() for c in r}, key=lambda c: tuple(int(x.split("=")[1]) for x in
+                                                                                c.split(", ")))
+    out = pd.DataFrame([{"arm": a, **{c: r.get(c, "–") for c in order}} for a, r in rows.items()])
+    return out.sort_values("arm").reset_index(drop=True)
+
+
 def capability_summary(results: str | Path) -> list[str]:
     """The MQAR capability table of the decide store (else the smoke one) as markdown lines, or []."""
     for folder in ("mqar_decide", "mqar"):
@@ -69,4 +84,4 @@ def capability_summary(results: str | Path) -> list[str]:
     return []
 
 
-__all__ = ["PAPER_SECTIONS", "capability_summary"]
+__all__ = ["PAPER_SECTIONS", "capability", "capability_summary"]

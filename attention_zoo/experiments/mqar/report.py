@@ -12,26 +12,11 @@ from ...claims import frame_verdicts, verdict_markdown
 from ...io import atomic_write_csv, atomic_write_text
 from ...results import ResultStore
 from ..arm_plan import arm_label
+from ..results_index_papers import capability
 from ..tuning import Tuning, calibration_lines, report_lines
 
 NAME = "mqar"
 RUNG = ("seq_len", "n_pairs")
-
-
-def capability(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per arm, one column per rung "T=…, n=…": mean test accuracy (%) [95 % t-interval] (n seeds)."""
-    acc = df[(df["metric"] == "test_acc") & (df["status"] == "ok")]
-    if acc.empty:
-        return pd.DataFrame()
-    rows = {}
-    for (arm, t, n), g in acc.groupby(["arm", *RUNG]):
-        mean, lo, hi = report.t_interval(100 * g["value"].to_numpy(float))
-        cell = f"{mean:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if pd.notna(lo) else "") + f" (n={len(g)})"
-        rows.setdefault(arm, {})[f"T={int(t)}, n={int(n)}"] = cell
-    order = sorted({c for r in rows.values() for c in r}, key=lambda c: tuple(int(x.split("=")[1]) for x in
-                                                                                c.split(", ")))
-    out = pd.DataFrame([{"arm": a, **{c: r.get(c, "–") for c in order}} for a, r in rows.items()])
-    return out.sort_values("arm").reset_index(drop=True)
 
 
 def stopping(df: pd.DataFrame) -> str:
