@@ -130,8 +130,8 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           rule="analytic", analytic="col_params", needs_rows=False, paper_scale="a formula: no run needed"),
     Claim("COL.flops", "Reducing the shared key dimension 4× makes the attention's score computation cheaper "
           "(the framing of 'reduce the key dimension by 4×'; our reading)", "Abstract (framing); the cost is ours",
-          "every head takes a full D̃-wide dot product (formula)", "masked_lm", "fwd_flops", "lower", "relative",
-          (), "ColMHA", FORMULA, rule="analytic", analytic="col_flops", needs_rows=False,
+          "a 4× smaller key dimension (abstract); its score cost computed (formula)", "masked_lm", "fwd_flops",
+          "lower", "relative", (), "ColMHA", FORMULA, rule="analytic", analytic="col_flops", needs_rows=False,
           paper_scale="a formula: no run needed"),
     Claim("COL.reparam", "A trained MHA layer re-parametrizes exactly as collaborative heads at D̃ = D", "Abstract; "
           "README (example swap at D̃ = 768)", "max L1 output error 1.9e-6", "masked_lm", "params", "lower",
@@ -168,7 +168,8 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           "En-Ja, IWSLT14 De-En)", "masked_lm", "test_loss", "lower", "relative",
           (Comparison("mma vs mha", arm("mma"), MHA_MLM),), "MMA", MLM_SCOPE, equivalence=1.0,
           paper_metric="BLEU", paper_scale="NMT on WAT17 En-Ja and IWSLT14 De-En per arm"),
-    Claim("MMA.params", "MMA adds no parameters", "Abstract", "no extra parameters (formula)", "masked_lm", "params",
+    Claim("MMA.params", "MMA adds no parameters", "Abstract", "'without increasing the number of parameters' (formula)",
+          "masked_lm", "params",
           "lower", "relative", (), "MMA", FORMULA, rule="analytic", analytic="mma_params", needs_rows=False,
           paper_scale="a formula: no run needed"),
     Claim("MMA.decoder", "MMA's improvement is consistent across tasks: also on a decoder-only generation task",
