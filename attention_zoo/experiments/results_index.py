@@ -243,8 +243,16 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
     md, figs, missing = section_files(results, sec)
     out = [f"## {sec.name}: {sec.title}", ""] + ([sec.about, ""] if sec.about else [])
     folder = results / sec.script
-    if sec.optional and not folder.is_dir():
-        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
+    preset = "decide" if sec.optional else None
+    mine = [v for v in verdicts if v.claim.id.startswith(sec.claims) and (preset is None and v.preset != "decide"
+                                                                           or v.preset == preset
+                                                                           or sec.about and v.preset == "any")
+            ] if sec.claims else []
+    verdict_lines = ["Verdicts (details in the table at the top):", ""] + [
+        f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""] if mine else []
+    if sec.optional and not folder.is_dir():  # a paper's section still lists the verdicts other stores or formulas give
+        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", "",
+                      *(verdict_lines if sec.about else [])]
     if section_modules(sec):
         out += [freshness_line(folder, record, sec.script, section_modules(sec), probes=probes,
                                cache_dir=results / "_cache" / "fingerprints"), ""]
@@ -266,12 +274,7 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
             sorted(p for p in folder.glob("*.csv") if not p.name.endswith(("_long.csv", "_wide.csv")))
         out.append("Files: " + ", ".join(f"[{f.name}]({sec.script}/{f.name})" for f in files))
         out.append("")
-    preset = "decide" if sec.optional else None
-    mine = [v for v in verdicts if v.claim.id.startswith(sec.claims) and (preset is None and v.preset != "decide"
-                                                                           or v.preset == preset)] if sec.claims else []
-    if mine:
-        out += ["Verdicts (details in the table at the top):", ""]
-        out += [f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""]
+    out += verdict_lines
     if md is not None and md not in seen_md:  # Figures 12 and 13 share synthetic.md: its paper rows show once
         for block in paper_blocks(md.read_text()):
             out += [block, ""]
