@@ -26,7 +26,7 @@ def sweep(name: str, variant: str) -> Arm:
 MLM_SCOPE = {"smoke": "stand-in: masked character LM on Shakespeare, 2 layers, D = 64 (smoke preset: a pipeline check)",
              "decide": "stand-in: masked character LM on Shakespeare (15 % of characters masked), 2 bidirectional "
                        "layers, D = 64; decide preset: every arm tuned on lr {2e-3, 4e-3, 8e-3} on validation, then "
-                       "10 seeds at its best, 2,000 steps (no plateau at this budget), best validation checkpoint"}
+                       "10 seeds at its best, 1,800 steps (no plateau at this budget), best validation checkpoint"}
 MQAR_SCOPE = {"smoke": "stand-in: MQAR (Zoology), smoke preset: a pipeline check",
               "decide": "stand-in: MQAR (Zoology's multi-query associative recall), 2-layer decoder, D = 64, the "
                         "hardest rung T = 64, n = 16 pairs; decide preset: every arm tuned on lr {3e-4, 1e-3, 3e-3} at "

@@ -6,7 +6,8 @@ measure as a whole (``show_whole``).
 A plan lists the cells to run and the finished ones a run would skip (read from the store), the data they need and
 an estimate of the cost: per pending cell, the median training time of finished cells of the same kind (the same
 cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the steps
-(as measured where the cells record no steps: the synthetic sweeps), else the analytic step floor of
+(as measured where the cells record no steps: the synthetic sweeps), else the experiment's calibrated prior
+(``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else the analytic step floor of
 docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
 paper preset about to train on a CPU gets a warning.
 

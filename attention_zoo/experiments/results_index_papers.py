@@ -18,7 +18,7 @@ PAPER_SECTIONS = (
      "(T, n) = (32, 4), (64, 8), (64, 16); each arm tuned on three learning rates, 10 seeds for the arms the claims "
      "compare, 5 for the others. Zoology's own runs go to D = 512 and T = 512 with a vocabulary of 8,192."),
     ("Masked LM (decide)", "the baselines' masked-LM claims and sweeps", "masked_lm_decide", "masked_lm.md", (),
-     "A masked character LM on Shakespeare (15 % masked), 2 bidirectional layers, D = 64, 2,000 steps of 16 windows: "
+     "A masked character LM on Shakespeare (15 % masked), 2 bidirectional layers, D = 64, 1,800 steps of 16 windows: "
      "the runs still improve at the end of the budget, so arms are compared at an equal budget, not at a plateau."),
     ("Talking-Heads Attention", "Shazeer et al. 2020: masked-LM gain, head sweep, ablation, cost", "masked_lm_decide",
      "masked_lm.md", ("THA.",), "THA's masked-LM claims are decided on the masked character LM (the paper: T5-base "

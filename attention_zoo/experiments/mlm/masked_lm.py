@@ -34,7 +34,7 @@ from ..ensemble_units import ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
 from ..token_cells import Backbone, run_unit
 from ..tuning import execute_stages
-from .presets import EXPECTED_STEP_FRACTION, MARGIN, PRESETS, STEP_SECONDS, TUNING
+from .presets import EVAL_SHARE, EXPECTED_STEP_FRACTION, MARGIN, PRESETS, STEP_SECONDS, TUNING
 from .report import NAME, write_report
 from .task import MaskedLMTask
 
@@ -112,7 +112,7 @@ def unit_rows(unit: list[dict], args) -> list[list[dict]] | None:
 
 def _step_seconds(cell: dict) -> float | None:
     s = STEP_SECONDS.get(cell["arm"])
-    return None if s is None else s * MARGIN
+    return None if s is None else s * MARGIN * (1 + EVAL_SHARE)
 
 
 def staged_plan(args) -> tuple[Plan, int]:

@@ -28,6 +28,7 @@ from ..token_cells import Backbone, run_unit
 from ..tuning import execute_stages
 from .presets import (
     CLAIM_ARMS,
+    EVAL_SHARE,
     EXPECTED_STEP_FRACTION,
     FEWER_SEEDS,
     MARGIN,
@@ -118,7 +119,7 @@ def _context(args) -> dict:
 
 def _step_seconds(cell: dict) -> float | None:
     s = STEP_SECONDS.get((cell["arm"], cell["seq_len"]))
-    return None if s is None else s * MARGIN
+    return None if s is None else s * MARGIN * (1 + EVAL_SHARE)
 
 
 def staged_plan(args) -> tuple[Plan, int]:

@@ -10,7 +10,7 @@ first two, then twice the pairs at T = 64 (every query slot filled: MHA needed �
 ≈ 500 at (32, 4), in our calibration), vocabulary V = 128 (keys 1–63, values 64–127), so a rung fits a CPU; a
 T = 128 rung would double an arm's cost. Training: a fresh batch of 32 sequences per step
 (an endless stream: no example repeats), AdamW (0.9, 0.95), weight decay 0.1, 100 warm-up steps then cosine to 0.1 ×
-lr over 2,500 steps, clipping at 1; validation every 100 steps on 256 fixed sequences, early stopping after 500
+lr over 2,500 steps, clipping at 1; validation every 100 steps on 256 fixed sequences, early stopping after 400
 steps without a lower query error rate (``task.QueryLoss``); scores on 1,000 fixed test sequences at the best
 validation checkpoint.
 
@@ -67,7 +67,7 @@ class Preset:
 
 
 _TRAIN = dict(batch_size=32, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, min_lr_ratio=0.1, log_every=100,
-              eval_every=100, patience=500, ckpt_every=500)
+              eval_every=100, patience=400, ckpt_every=500)
 PRESETS = {
     # a pipeline check: every arm, one seed, 300 steps (far from a plateau)
     "smoke": Preset(RUNGS, VOCAB, 64, 2, 4, n_val=128, n_test=256,
@@ -91,8 +91,9 @@ STEP_SECONDS: dict[tuple[str, int], float] = {
     ("damcha", 64): 0.0563}
 MARGIN = 1.25
 # of max_steps: a rung's click (≈ 500 steps at (32, 4), ≈ 1,000 at (64, 8), ≈ 1,800 at (64, 16) for MHA at lr 1e-3)
-# plus the 500 steps of patience, averaged over the rungs
-EXPECTED_STEP_FRACTION = 0.7
+# plus the 400 steps of patience, averaged over the rungs
+EXPECTED_STEP_FRACTION = 0.66
+EVAL_SHARE = 0.035  # validation every 100 steps (256 sequences, forward only), the final scores, per step
 
 __all__ = ["ARMS", "CLAIM_ARMS", "DAMCHA_OPTIONS", "EXPECTED_STEP_FRACTION", "FEWER_SEEDS", "MARGIN", "PRESETS",
-           "Preset", "RUNGS", "STEP_SECONDS", "TUNE_AT", "TUNING", "VOCAB"]
+           "Preset", "RUNGS", "STEP_SECONDS", "TUNE_AT", "TUNING", "VOCAB", "EVAL_SHARE"]
