@@ -169,3 +169,21 @@ def test_masked_lm_runs_grouped_and_logs_the_expert_loads(tmp_path, monkeypatch)
     params = df[df["metric"] == "params"].groupby("arm")["value"].mean()
     assert d_ff > 256 and abs(params["mha_params_moa16"] / params["moa_e16"] - 1) < 0.01
     assert {"test_loss", "trivial_loss", "test_ppl"} <= set(df["metric"])
+
+
+def test_the_probes_run_each_arm_through_the_experiments_own_code(tmp_path, monkeypatch):
+    from attention_zoo.experiments.fingerprint import probe_of
+
+    monkeypatch.setenv("ATTENTION_ZOO_FINGERPRINT", "0")
+    cells = [{"experiment": "mqar", "preset": "smoke", "vocab_size": 128, "max_steps": 300, "arm": "tha",
+              "variant": "tha", "flavor": "paper", "attention_options": "{}", "backbone": "{}", "seq_len": 32,
+              "n_pairs": 4, "seed": 0},
+             {"experiment": "masked_lm", "preset": "smoke", "dataset": "shakespeare", "max_steps": 300,
+              "arm": "moa_e4", "variant": "moa", "flavor": "paper", "attention_options": '{"n_experts": 4}',
+              "backbone": "{}", "sweep": "experts", "sweep_value": 4, "seed": 0}]
+    for cell in cells:
+        probe = probe_of(cell["experiment"])
+        arms = probe.arms([cell, {**cell, "seed": 1}])
+        assert len(arms) == 1 and "seed" not in arms[0]
+        rows = probe.run(arms[0], {}, tmp_path / cell["experiment"])
+        assert any(r["metric"] == "steps_run" and r["value"] == 2 for r in rows)

@@ -38,9 +38,10 @@ from .presets import EVAL_SHARE, EXPECTED_STEP_FRACTION, MARGIN, PRESETS, STEP_S
 from .report import NAME, write_report
 from .task import MaskedLMTask
 
-# Seed ensembles are opt-in (--ensemble): at these sizes grouping did not pay for every arm (one thread, members of
-# one MQAR arm: MHA 17.8 ms per member-step grouped vs 17.8 alone at T = 32 and 37.2 vs 33.6 at T = 64; DCMHA 27.1 vs
-# 36.1 at T = 32), so the presets train one cell at a time; --ensemble groups every arm that allows it.
+# Seed ensembles are opt-in (--ensemble): at these sizes grouping does not pay (one thread, ten members of one arm,
+# CPU ms per member-step grouped vs alone: MHA 21.5 vs 21.7, THA 35.6 vs 32.7, MoA 30.7 vs 36.2, ColMHA D̃ = 16
+# 24.0 vs 26.4; MQAR's MHA at T = 64 37.2 vs 33.6), so the presets train one cell at a time; --ensemble groups every
+# arm that allows it and falls back per arm.
 ENSEMBLE: frozenset[str] = frozenset()
 
 
