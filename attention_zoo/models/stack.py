@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..registry import create_attention, get_attention_spec
-from ..variants.base import Rotary, StackShare
+from ..variants.base import Rotary, StackShare, autocast_cast
 from ..variants.seed_axis import by_seed, seeds_of
 
 
@@ -124,9 +124,10 @@ class SliceFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         G, S = self.groups, seeds_of(self.w1, 3) or 1
+        x, w1, w2, b1, b2 = autocast_cast(x, self.w1, self.w2, self.b1, self.b2)  # the dtype a Linear would compute in
         xs = by_seed(x.unflatten(-1, (G, -1)), S).flatten(1, -3)  # (S, N, G, d)
-        w1, w2 = self.w1.reshape(S, *self.w1.shape[-3:]), self.w2.reshape(S, *self.w2.shape[-3:])
-        b1, b2 = self.b1.reshape(S, 1, G, -1), self.b2.reshape(S, 1, G, -1)
+        w1, w2 = w1.reshape(S, *w1.shape[-3:]), w2.reshape(S, *w2.shape[-3:])
+        b1, b2 = b1.reshape(S, 1, G, -1), b2.reshape(S, 1, G, -1)
         h = self.drop(nn.functional.gelu(torch.einsum("sngd,sgdf->sngf", xs, w1) + b1))
         y = self.drop(torch.einsum("sngf,sgfd->sngd", h, w2) + b2)  # (S, N, G, d)
         return y.reshape(*x.shape)  # (S·B, ..., D)

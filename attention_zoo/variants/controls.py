@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import AttentionBase, Masks, Rotary, StackShare, check_positive_int
+from .base import AttentionBase, Masks, Rotary, StackShare, autocast_cast, check_positive_int
 from .control_modules import ContextMLP, PositionwiseMLP, generator_outputs, mlp_params  # noqa: F401
 from .damcha import MBasedAttention
 from .damcha_generator import MetricConfig
@@ -309,15 +309,16 @@ class SeparateTowersAttention(AttentionBase):
 
     def _attend(self, x: Tensor, masks: Masks, stack_context) -> Tensor:
         S = seeds_of(self.w_qkv, 3) or 1  # a grouped ensemble: S seeds' weights, the batch seed-major [S·B, ...]
-        w_qkv, w_out = self.w_qkv.reshape(S, *self.w_qkv.shape[-3:]), self.w_out.reshape(S, *self.w_out.shape[-3:])
+        x, w_qkv, w_out, b_qkv, b_out = autocast_cast(x, self.w_qkv, self.w_out, self.b_qkv, self.b_out)  # as a Linear
+        w_qkv, w_out = w_qkv.reshape(S, *w_qkv.shape[-3:]), w_out.reshape(S, *w_out.shape[-3:])
         xs = by_seed(x.unflatten(-1, (self.n_heads, self.head_dim)), S)  # (S, B, T, H, d)
         qkv = torch.einsum("sbthd,shde->sbhte", xs, w_qkv)  # (S, B, H, T, 3d)
-        if self.b_qkv is not None:
-            qkv = qkv + self.b_qkv.reshape(S, 1, self.n_heads, 1, -1)
+        if b_qkv is not None:
+            qkv = qkv + b_qkv.reshape(S, 1, self.n_heads, 1, -1)
         q, k, v = qkv.flatten(0, 1).chunk(3, dim=-1)  # (S·B, H, T, d) each
         out = torch.einsum("sbhtd,shde->sbthe", by_seed(self.sdpa(q, k, v, masks), S), w_out)  # (S, B, T, H, d)
-        if self.b_out is not None:
-            out = out + self.b_out.reshape(S, 1, 1, self.n_heads, -1)
+        if b_out is not None:
+            out = out + b_out.reshape(S, 1, 1, self.n_heads, -1)
         return out.flatten(0, 1).flatten(-2)  # (S·B, T, D)
 
     def analytic_params(self) -> int:

@@ -43,6 +43,9 @@ class Preset:
     # Pixel/text Decoder positions. Smoke: learned — unit-amplitude sinusoids swamp the Decoder's N(0, 0.02) token
     # embeddings and a 150-step byte model stays at the unigram plateau (3.12 vs 2.62 nats/token, concept task).
     decoder_positions: str = "sinusoidal"
+    # Fractions of max_steps at which a final cell's held-out metric is read at its best validation checkpoint so far
+    # (the same run seen at smaller budgets: does the answer move with training?); () for none.
+    budget_fracs: tuple[float, ...] = ()
 
 
 _COMMON = dict(weight_decay=0.0, beta2=0.999, grad_clip=1.0, warmup_steps=0)  # the authors: Adam(W), wd 0, clip 1

@@ -30,19 +30,31 @@ class DataOptions:
     max_train_pairs: int | None = None
     image_eval: int | None = 100
     text_eval: int | None = 64
-    # decide: the validation split's first half selects (val_loss, early stopping, tuning), its second half is
-    # scored (a test split of its own); False: both read the whole split, as the authors' protocol does
+    # decide: the validation split's first part selects (val_loss, early stopping, tuning), the rest is scored (a
+    # test split of its own); False: both read the whole split, as the authors' protocol does
     scored_holdout: bool = False
+    scored_fraction: float | None = None  # with scored_holdout: the scored share of the validation split (None: ½)
+    max_val: int | None = None  # at most this many validation items in each part (None: all; behaviour probes)
+
+
+# Options that name a cell's data only where set (not at their default), so earlier cells keep their keys.
+_WHERE_SET = ("scored_holdout", "scored_fraction", "max_val")
 
 
 def data_identity(o: DataOptions) -> dict:
-    """The options that name a cell's data: ``scored_holdout`` only where set, so earlier cells keep their keys."""
-    return {k: v for k, v in asdict(o).items() if k != "scored_holdout" or v}
+    """The options that name a cell's data (``_WHERE_SET`` only where set, so earlier cells keep their keys)."""
+    return {k: v for k, v in asdict(o).items() if k not in _WHERE_SET or v}
 
 
-def _halves(items, holdout: bool):
-    """(selection part, scored part) of a validation split (see ``DataOptions.scored_holdout``)."""
-    return (items[: len(items) // 2], items[len(items) // 2:]) if holdout else (items, items)
+def _halves(items, holdout: bool, fraction: float | None = None, limit: int | None = None):
+    """(selection part, scored part) of a validation split (see ``DataOptions.scored_holdout``): with ``holdout``
+    the scored part is its last ``fraction`` (½ by default); each part cut to ``limit`` items where given."""
+    if holdout:
+        cut = len(items) - round(len(items) * (0.5 if fraction is None else fraction))
+        sel, scored = items[:cut], items[cut:]
+    else:
+        sel = scored = items
+    return (sel, scored) if limit is None else (sel[:limit], scored[:limit])
 
 
 class ImageData:
@@ -53,18 +65,19 @@ class ImageData:
     def __init__(self, name: str, o: DataOptions):
         full = di.load_images(name, "train", o.data_dir, o.download, o.image_size)
         tr, va = (torch.from_numpy(i) for i in di.train_val_split(len(full), 0.3, seed=0))
-        train_imgs, (val, scored) = full.images[tr], _halves(full.images[va], o.scored_holdout)
+        train_imgs, (val, scored) = full.images[tr], _halves(full.images[va], o.scored_holdout, o.scored_fraction,
+                                                             o.max_val)
         self.name, self.task, self.n_train = name, o.image_task, len(train_imgs)
-        self.eval_images = scored[: o.image_eval]
+        self.eval_images = scored[: o.image_eval]  # what the generative metrics (FID, Top-50) score
         if self.task == "patch":
-            self.train_set, self.val_set, self.eval_set = (dt.PatchTask(x, 4, 1, min(3, x.shape[2] // 4))
-                                                           for x in (train_imgs, val, self.eval_images))
+            self.train_set, self.val_set, self.eval_set, self.heldout_set = (
+                dt.PatchTask(x, 4, 1, min(3, x.shape[2] // 4)) for x in (train_imgs, val, self.eval_images, scored))
             self.patch_dim, self.n_tokens, self.loss_fn = self.train_set.patch_dim, self.train_set.n_tokens, \
                 dt.masked_patch_mse
         else:
             self.tok = dt.PixelTokenizer(o.pixel_mode)
-            self.train_set, self.val_set, self.eval_set = (self.tok.encode(x) for x in
-                                                           (train_imgs, val, self.eval_images))
+            self.train_set, self.val_set, self.eval_set, self.heldout_set = (
+                self.tok.encode(x) for x in (train_imgs, val, self.eval_images, scored))
             self.vocab_size, self.seq_len, self.loss_fn = self.tok.model_vocab_size, self.train_set.shape[1], lm_loss
             self.eval_images = self.tok.decode(self.eval_set, *val.shape[2:])  # what the tokens can represent
 
@@ -72,7 +85,8 @@ class ImageData:
         return (dt.PatchSampler if self.task == "patch" else dt.PixelSampler)(self.train_set, batch, seed)
 
     def batches(self, split: str, batch: int):
-        data = self.val_set if split == "val" else self.eval_set
+        """``val`` (selection), ``eval`` (the generative metrics' samples) or ``heldout`` (every scored item)."""
+        data = {"val": self.val_set, "eval": self.eval_set, "heldout": self.heldout_set}[split]
         return dt.PatchEvaluator(data, batch) if self.task == "patch" else dt.PixelEvaluator(data, batch)
 
 
@@ -93,17 +107,19 @@ class TextData:
         scale = BYTES_PER_TOKEN if isinstance(self.tok, s2s.ByteTokenizer) and name != "concepts" else 1
         src_len, self.max_new_tokens = (n * scale for n in TEXT_LENGTHS[name])
         self.name, self.vocab_size, self.seq_len = name, self.tok.vocab_size, src_len + self.max_new_tokens + 3
-        val, scored = _halves(data.splits["val"], o.scored_holdout)
-        self.train_set, self.val_set, scored_set = (s2s.encode_pairs(s, self.tok, src_len, self.max_new_tokens)
-                                                    for s in (data.splits["train"], val, scored))
-        self.eval_set, self.eval_pairs, self.n_train = (scored_set[: o.text_eval], scored[: o.text_eval],
+        val, scored = _halves(data.splits["val"], o.scored_holdout, o.scored_fraction, o.max_val)
+        self.train_set, self.val_set, self.heldout_set = (s2s.encode_pairs(s, self.tok, src_len, self.max_new_tokens)
+                                                          for s in (data.splits["train"], val, scored))
+        self.eval_set, self.eval_pairs, self.n_train = (self.heldout_set[: o.text_eval], scored[: o.text_eval],
                                                         len(self.train_set))
 
     def sampler(self, batch: int, seed: int):
         return s2s.Seq2SeqSampler(self.train_set, self.tok, batch, seed)
 
     def batches(self, split: str, batch: int):
-        return s2s.Seq2SeqEvaluator(self.val_set if split == "val" else self.eval_set, self.tok, batch)
+        """``val`` (selection), ``eval`` (the generative metrics' samples) or ``heldout`` (every scored item)."""
+        data = {"val": self.val_set, "eval": self.eval_set, "heldout": self.heldout_set}[split]
+        return s2s.Seq2SeqEvaluator(data, self.tok, batch)
 
 
 @functools.lru_cache(maxsize=8)

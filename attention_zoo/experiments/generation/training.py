@@ -41,7 +41,7 @@ from ...registry import split_options
 from ..ensemble_units import unit_tag
 from .config import PRESETS, Context, Preset, cell_name  # noqa: F401 - PRESETS re-exported
 from .data import IMAGE_SETS, TEXT_SETS, DataOptions, load_data  # noqa: F401 - re-exported
-from .scoring import VAL_UNIT, _row, score_cell, validation_loss
+from .scoring import HELDOUT, VAL_UNIT, _row, heldout_member_means, heldout_scores, score_cell, validation_loss
 from .trivial import trivial_predictor
 
 
@@ -92,14 +92,23 @@ def train_cell(ctx: Context, cell: dict, options: dict | None = None, share_mlp:
     run_dir = ctx.run_dir(cell)
     if ctx.fresh:
         discard_run(run_dir)
+    fracs = budget_fracs(ctx, cell)
+    metric = HELDOUT[data.task]
     res = train(model, cfg, data.sampler(cfg.batch_size, cell["seed"]), run_dir,
                 eval_sets={"val": data.batches("val", cfg.batch_size)}, loss_fn=data.loss_fn,
                 resume=None if ctx.fresh else "auto",
-                info=DistInfo(device=ctx.device), meta={"cell": cell}, desc=cell_name(cell))
+                info=DistInfo(device=ctx.device), meta={"cell": cell}, desc=cell_name(cell), budget_fracs=fracs,
+                budget_score=(lambda m: {metric: float(heldout_scores(m, data, ctx.device).mean())}) if fracs else None)
     best = run_dir / "checkpoints" / "best.pt"
     if res.status == "ok" and best.is_file():
         model.load_state_dict(strip_prefixes(load_checkpoint(best)["model"]))
     return model, data, res
+
+
+def budget_fracs(ctx: Context, cell: dict) -> tuple[float, ...]:
+    """The budget fractions a cell's held-out metric is read at: the preset's, for final cells only (a tuning cell
+    reads validation only)."""
+    return ctx.preset.budget_fracs if cell.get("phase") not in (None, "tune") else ()
 
 
 def train_cells_grouped(ctx: Context, unit: list[dict], options: dict | None = None, share_mlp: bool = True):
@@ -125,9 +134,15 @@ def train_cells_grouped(ctx: Context, unit: list[dict], options: dict | None = N
             discard_run(m.run_dir)
     group_dir = ctx.out / "_cache" / "runs" / f"group-{unit[0]['variant']}-{unit[0].get('phase', 'seeds')}-" \
                                               f"{unit_tag(unit)}"
+    fracs, metric = budget_fracs(ctx, unit[0]), HELDOUT[data.task]
+
+    def scores(net) -> list[dict]:  # every member's held-out metric at its best checkpoint so far
+        return [{metric: v} for v in heldout_member_means(net, data, ctx.device)]
+
     results = train_grouped(models, members, cfg, group_dir, eval_sets={"val": data.batches("val", cfg.batch_size)},
                             loss_fn=data.loss_fn, device=ctx.device, resume=not ctx.fresh,
-                            desc=f"{cell_name(unit[0])} x{len(unit)}", grouped=grouped)
+                            desc=f"{cell_name(unit[0])} x{len(unit)}", grouped=grouped, budget_fracs=fracs,
+                            budget_score=scores if fracs else None)
     for m, res in zip(models, results):
         if res.status == "ok" and res.checkpoint is not None:
             m.load_state_dict(strip_prefixes(load_checkpoint(res.checkpoint)["model"]))
@@ -166,4 +181,22 @@ def train_and_score(ctx: Context, cell: dict, options: dict | None = None, share
                {**_row("trivial_val_loss", trivial, VAL_UNIT[data.task]), "inference": label}]
         rows += [{**r, **extra} for r in score_cell(ctx, cell, model, data, label) + val]
     score_time = time.perf_counter() - t_score  # the cell's scoring after training (every inference label)
+    metric = HELDOUT[data.task]
+    final = next((r["value"] for r in rows if r["metric"] == metric), None)  # the first inference label's
+    rows += [{**r, **extra} for r in progress_rows(ctx, cell, res, metric, VAL_UNIT[data.task], final)]
     return [{**r, "score_time_s": score_time} for r in rows]
+
+
+def progress_rows(ctx: Context, cell: dict, res, metric: str, unit: str, final: float | None) -> list[dict]:
+    """How far a final cell trained — steps run, its best validation step, the step limit — and its held-out metric
+    at each budget fraction (the best checkpoint so far; a fraction it did not reach: ``final``, its final best's)."""
+    limit = ctx.train_config(load_data(cell["dataset"], ctx.data)).max_steps
+    rows = [{**_row("steps_run", res.step, "steps"), "inference": ""},
+            {**_row("best_step", res.best_step if res.best_step is not None else res.step, "steps"), "inference": ""},
+            {**_row("max_steps", limit, "steps"), "inference": ""}]
+    for f in budget_fracs(ctx, cell):
+        best_step, scores = (res.budget or {}).get(f, (res.best_step, {metric: final}))  # not reached: final best
+        if scores.get(metric) is not None:
+            rows.append({**_row(f"{metric}@budget", scores[metric], unit), "budget": f,
+                         "best_step_so_far": best_step, "inference": ""})
+    return rows
