@@ -225,13 +225,21 @@ def split_options(name: str, options: dict) -> tuple[dict, dict]:
 
 def resolved_options(name: str, options: dict | None = None) -> dict:
     """Every keyword option of ``name`` with the value a module built with ``options`` gets: the given value,
-    else the constructor's default. Result cells record it, so a changed default is a different cell."""
+    else the constructor's default. Result cells record it, so a changed default is a different cell. An option the
+    variant lists in ``added_options`` is left out while it holds the value listed there (its knob off)."""
     spec = get_attention_spec(name)
     params = inspect.signature(spec.cls.__init__).parameters
     empty = inspect.Parameter.empty
     out = {k: params[k].default for k in spec.options if k in params and params[k].default is not empty}
     out.update({k: v for k, v in (options or {}).items() if v is not None})
-    return dict(sorted(out.items()))
+    # options added after result stores were written, at the value that computes what the variant computed before
+    # them, are left out, so those stores keep their cell keys (as engine.config.NEUTRAL does for training fields)
+    added = getattr(spec.cls, "added_options", {})
+    return dict(sorted((k, v) for k, v in out.items() if not (k in added and _same(v, added[k]))))
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def resolved_options_json(name: str, options: dict | None = None) -> str:

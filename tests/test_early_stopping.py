@@ -100,3 +100,46 @@ def test_budget_scores_survive_a_resume(tmp_path):
 def test_budget_fractions_are_checked(tmp_path, bad):
     with pytest.raises(ValueError, match="^budget_fracs:"):
         _budget_run(tmp_path, fracs=bad)
+
+
+def _slow_run(out, **kw):
+    """A learnable stream (a repeated pattern) at a small rate: the validation loss keeps improving a little."""
+    pattern = np.tile(np.arange(16, dtype=np.uint8), 300)
+    cfg = TrainConfig(**{**dict(max_steps=80, batch_size=4, lr=2e-3, warmup_steps=0, eval_every=2, min_lr_ratio=0.0,
+                                eval_max_batches=1, progress=False, log_every=1), **kw})
+    torch.manual_seed(0)
+    model = Decoder(16, 16, 1, 2, max_seq_len=16)
+    return train(model, cfg, WindowSampler([pattern], 16, 4, seed=1), out,
+                 {"val": WindowEvaluator(pattern[:200], 16, 4)}, resume="auto")
+
+
+def test_min_delta_stops_on_a_plateau_and_keeps_the_lowest_checkpoint(tmp_path):
+    base = _slow_run(tmp_path / "a", patience=6)
+    plateau = _slow_run(tmp_path / "b", patience=6, min_delta=0.05)  # improvements below 5 % do not reset it
+    assert plateau.step < base.step
+    evals = [r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if r.get("event") == "eval"]
+    assert plateau.best_eval == min(r["loss"] for r in evals)  # the best checkpoint is still the lowest evaluation
+    resumed = _slow_run(tmp_path / "b", patience=6, min_delta=0.05)
+    assert resumed.step == plateau.step
+    assert "min_delta" not in result_identity(TrainConfig().to_dict())
+    with pytest.raises(ValueError, match="^min_delta"):
+        TrainConfig(min_delta=-0.1)
+
+
+def test_min_delta_in_a_grouped_run_stops_each_member_as_alone(tmp_path):
+    from attention_zoo.engine.grouped import Member, train_grouped
+
+    pattern = np.tile(np.arange(16, dtype=np.uint8), 300)
+    cfg = TrainConfig(max_steps=80, batch_size=4, lr=2e-3, warmup_steps=0, eval_every=2, min_lr_ratio=0.0,
+                      eval_max_batches=1, progress=False, log_every=1, patience=6, min_delta=0.05)
+    alone, models, members = [], [], []
+    for s in (0, 1):
+        torch.manual_seed(s)
+        m = Decoder(16, 16, 1, 2, max_seq_len=16).double()
+        alone.append(train(m, cfg.replace(seed=s), WindowSampler([pattern], 16, 4, seed=s), tmp_path / f"a{s}",
+                           {"val": WindowEvaluator(pattern[:200], 16, 4)}))
+        torch.manual_seed(s)
+        models.append(Decoder(16, 16, 1, 2, max_seq_len=16).double())
+        members.append(Member(s, cfg.lr, cfg.weight_decay, WindowSampler([pattern], 16, 4, seed=s), tmp_path / f"g{s}"))
+    got = train_grouped(models, members, cfg, tmp_path / "group", {"val": WindowEvaluator(pattern[:200], 16, 4)})
+    assert [r.step for r in got] == [r.step for r in alone]

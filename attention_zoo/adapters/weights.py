@@ -32,6 +32,8 @@ def copy_targets(attn: nn.Module, D: int) -> dict[str, tuple[nn.Linear, slice]]:
     """{part: (the Linear of ``attn`` that takes it, its rows)} for the host projections ``attn`` can take."""
     qkv, out, v = _linear(attn, "qkv", (3 * D, D)), _linear(attn, "out_proj", (D, D)), _linear(attn, "v_proj", (D, D))
     if qkv is not None and out is not None:
+        if getattr(attn, "q_norm", None) is not None:  # a query/key norm (MHA's qk_norm) changes what q/k compute
+            return {"v": (qkv, slice(2 * D, 3 * D)), "out": (out, slice(None))}
         return {"q": (qkv, slice(0, D)), "k": (qkv, slice(D, 2 * D)), "v": (qkv, slice(2 * D, 3 * D)),
                 "out": (out, slice(None))}
     return {part: (lin, slice(None)) for part, lin in (("v", v), ("out", out)) if lin is not None}

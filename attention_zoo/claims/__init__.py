@@ -8,15 +8,29 @@ from __future__ import annotations
 
 from .data import StoreRows, by_phase, load_results
 from .ledger import CLAIMS, get_claim
+from .ledger_papers import paper_of
 from .spec import Arm, Claim, Comparison
 from .table import verdict_frame, verdict_lines, verdict_markdown
 from .verdicts import Verdict, decide
 
+PAPER_NAMES = ("tha", "dcmha", "colmha", "moa", "mma", "damcha")
+PAPER_TITLES = {"tha": "Talking-Heads Attention (Shazeer et al. 2020)", "dcmha": "DCFormer (Xiao et al., ICML 2024)",
+                "colmha": "Collaborative heads (Cordonnier et al. 2020)",
+                "moa": "Mixture of Attention Heads (Zhang et al., EMNLP 2022)", "mma": "MMA (Cui et al., WNGT 2019)",
+                "damcha": "the DAMCHA paper"}
 
-def verdicts_for(results, experiments: tuple[str, ...] | None = None) -> list[Verdict]:
-    """The verdicts of every claim (or of those whose rows ``experiments`` make) from the stores under
-    ``results``."""
-    claims = tuple(c for c in CLAIMS if experiments is None or c.experiment in experiments)
+
+def verdicts_for(results, experiments: tuple[str, ...] | None = None, paper: str | None = None) -> list[Verdict]:
+    """The verdicts of every claim (or of those whose rows ``experiments`` make; of one ``paper``'s: ``tha``,
+    ``dcmha``, ``colmha``, ``moa``, ``mma`` or ``damcha``) from the stores under ``results``.
+
+    Raises:
+        ValueError: an unknown ``paper``.
+    """
+    if paper is not None and paper not in PAPER_NAMES:
+        raise ValueError(f"paper: expected one of {', '.join(PAPER_NAMES)}, got {paper!r}")
+    claims = tuple(c for c in CLAIMS if (experiments is None or c.experiment in experiments)
+                   and (paper is None or paper_of(c.id) == paper))
     return decide(load_results(results), claims)
 
 
@@ -30,5 +44,6 @@ def frame_verdicts(experiment: str, preset: str, frame, path=None, context: str 
     return decide(stores, claims)
 
 
-__all__ = ["frame_verdicts", "Arm", "CLAIMS", "Claim", "Comparison", "Verdict", "decide", "get_claim", "load_results",
-           "verdict_frame", "verdict_lines", "verdict_markdown", "verdicts_for"]
+__all__ = ["PAPER_NAMES", "PAPER_TITLES", "Arm", "CLAIMS", "Claim", "Comparison", "Verdict", "decide", "frame_verdicts",
+           "get_claim", "load_results", "paper_of", "verdict_frame", "verdict_lines", "verdict_markdown",
+           "verdicts_for"]

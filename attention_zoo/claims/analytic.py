@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from ..measure.complexity import complexity_numbers, generator_readings, params_frame
+from .analytic_papers import PAPER_ANALYTIC
 from .data import StoreRows, matches, metric_rows
 
 PAPER_GFLOPS = {("CIFAR-10/100", "damcha"): 0.0786, ("CIFAR-10/100", "moa"): 0.1101, ("WMT", "damcha"): 0.3586}
@@ -135,3 +136,4 @@ def param_fewer(claim, preset: str, rows: StoreRows, Verdict):
 
 ANALYTIC = {"paper_gflops": paper_gflops, "wmt_cost": wmt_cost, "score_cost": score_cost,
             "shared_amortised": shared_amortised, "param_parity": param_parity, "param_fewer": param_fewer}
+ANALYTIC.update(PAPER_ANALYTIC)  # the baselines' formula claims (analytic_papers)

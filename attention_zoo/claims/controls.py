@@ -40,8 +40,10 @@ def check_controls(df: pd.DataFrame, claim: Claim, comp: Comparison, level: floa
     t = arm_values(df, comp.treatment, claim.pair_on, claim.better)
     r = arm_values(df, comp.reference, claim.pair_on, claim.better)
     out = []
-    for name in claim.controls:
-        c = arm_values(df, Arm(name, {"variant": name}), claim.pair_on, claim.better)
+    for control in claim.controls:
+        arm = control if isinstance(control, Arm) else Arm(control, {"variant": control})
+        name = arm.label
+        c = arm_values(df, arm, claim.pair_on, claim.better)
         idx = c.index.intersection(r.index).intersection(t.index)
         if len(idx) < 2:
             continue

@@ -7,6 +7,7 @@ preset (the paper's task, or our stand-in). The verdicts are computed from store
 
 from __future__ import annotations
 
+from .ledger_papers import PAPER_CLAIMS
 from .spec import Arm, Claim, Comparison, by_preset
 
 DAMCHA = Arm("damcha", {"variant": "damcha"})
@@ -296,6 +297,10 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+DAMCHA_CLAIMS = CLAIMS
+CLAIMS = DAMCHA_CLAIMS + PAPER_CLAIMS  # the baselines' own claims (ledger_papers): THA., DC., COL., MOA., MMA.
+
+
 def get_claim(claim_id: str) -> Claim:
     """Raises ValueError for an unknown id (the message lists them)."""
     for c in CLAIMS:
@@ -304,4 +309,4 @@ def get_claim(claim_id: str) -> Claim:
     raise ValueError(f"claim: unknown id {claim_id!r}; known: {', '.join(c.id for c in CLAIMS)}")
 
 
-__all__ = ["BASELINES", "CLAIMS", "EXPLAINING", "get_claim"]
+__all__ = ["BASELINES", "CLAIMS", "DAMCHA_CLAIMS", "EXPLAINING", "PAPER_CLAIMS", "get_claim"]

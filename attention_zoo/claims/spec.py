@@ -112,9 +112,12 @@ class Claim:
     store: str | None = None  # default: the experiment's name
     pair_on: tuple[str, ...] = ("seed",)
     where: dict = field(default_factory=dict)
-    controls: tuple[str, ...] = ()
+    controls: tuple[str | Arm, ...] = ()  # a name filters ``variant``; an Arm its own columns (e.g. ``arm``)
     over: str | None = None  # slope rule: the setting column
     margin: float | None = None  # noninferior rule
+    # ``all`` rule: a comparison that is neither supported nor contradicted is "equivalent" when its interval lies
+    # within ±equivalence (effect units; two one-sided tests at its Holm level): the arms do not differ by more
+    equivalence: float | None = None
     analytic: str | None = None
     needs_rows: bool = True  # False: a formula-only analytic claim, decided without any store
     unit: str | None = None  # the effect's unit as shown (default: from ``effect`` and the metric)
@@ -135,6 +138,8 @@ class Claim:
             raise ValueError(f"claim {self.id}: the noninferior rule needs a positive margin")
         if self.rule == "slope" and not self.over:
             raise ValueError(f"claim {self.id}: the slope rule needs ``over``")
+        if self.equivalence is not None and not (self.rule == "all" and self.equivalence > 0):
+            raise ValueError(f"claim {self.id}: an equivalence margin needs the all rule and a positive margin")
         if self.rule == "analytic" and not self.analytic:
             raise ValueError(f"claim {self.id}: the analytic rule needs ``analytic``")
 

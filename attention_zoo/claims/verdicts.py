@@ -18,7 +18,8 @@ For each claim at each preset with rows:
    **budget-bound** (``budget_bound``): a comparison whose effect still moves between the last two budget
    fractions, in the direction that could overturn its verdict, reads "not decidable at this budget";
 5. a claim's comparisons combine: contradicted if any is; else not decidable if any is; else inconclusive if any
-   is; else explained by a control if any is; else supported.
+   is; else equivalent if any is (a claim with an equivalence margin: the interval inside ±margin, two one-sided
+   tests); else explained by a control if any is; else supported.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from .scrutiny import budget_bound, positive_control, seeds_needed, seeds_to_det
 from .spec import RUNNER_UP, Claim, Comparison, base_preset, resolve
 
 ALPHA = 0.05
-KINDS = ("supported", "contradicted", "explained by a control", "inconclusive", "not decidable", "not run")
+KINDS = ("supported", "contradicted", "equivalent", "explained by a control", "inconclusive", "not decidable",
+         "not run")
 
 
 @dataclass
@@ -174,6 +176,8 @@ def combine(results: list[Result]) -> str:
             return f"{kind} {why}" if why.startswith(("at ", "with ")) else f"{kind}: {why}" if why else kind
     if "inconclusive" in verdicts or "not run" in verdicts:
         return "inconclusive"
+    if hit := [r for r in results if r.verdict == "equivalent"]:  # the claimed difference is absent there
+        return f"equivalent: {hit[0].name} {hit[0].why}"
     return "explained by a control" if "explained by a control" in verdicts else "supported"
 
 
@@ -296,8 +300,9 @@ def _gated(rows: StoreRows) -> StoreRows:
 
 
 def _family(claim: Claim, preset: str) -> tuple:
-    """A Holm family: one claim family of one run (store × preset)."""
-    return claim.store_name, preset, claim.family
+    """A Holm family: one claim family at one preset. The DAMCHA paper's families each read one store (one table or
+    figure of one run); a baseline paper's family (``THA``, ``DCMHA``, …) spans the stores its stand-ins wrote."""
+    return preset, claim.family
 
 
 def _holm(partial, family=_family) -> None:
@@ -342,6 +347,8 @@ def finish(claim: Claim, preset: str, rows: StoreRows, results: list[Result], sa
             if r.verdict == "supported" and r.direction > 0 and any(c.explains for c in r.controls):
                 r.verdict = "explained by a control"
                 r.why = "matched by " + ", ".join(c.name for c in r.controls if c.explains)
+        if claim.equivalence and r.verdict == "inconclusive" and stats.tost(r.effects, claim.equivalence, r.level)[0]:
+            r.verdict, r.why = "equivalent", f"within ±{claim.equivalence:g} {r.unit}"  # two one-sided tests
         if r.verdict in ("supported", "contradicted", "inconclusive") and (bound := budget_bound(r)):
             r.verdict, r.why = "not decidable", f"at this budget: {bound}"
     control_note = positive_control(claim, preset, frame, results)

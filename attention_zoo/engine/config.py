@@ -15,7 +15,7 @@ RUN_CONTROL = ("stop_at", "handle_signals", "progress", "ckpt_every", "keep_last
 
 # Fields added after stores were written, with the value that reproduces the runs before them: left out of a cell's
 # identity at that value, so those stores keep their keys.
-NEUTRAL = {"patience": 0, "compile": False}
+NEUTRAL = {"patience": 0, "compile": False, "min_delta": 0.0}
 
 
 def result_identity(train: dict) -> dict:
@@ -51,6 +51,9 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     # early stopping: stop once this many steps have passed since the best evaluation (0: never; needs eval_every)
     patience: int = 0
+    # early stopping's plateau: an evaluation resets the patience only when it beats the best by more than this
+    # fraction of it (0: any improvement does); the best checkpoint is the lowest evaluation either way
+    min_delta: float = 0.0
     eval_max_batches: int | None = None  # cap for the periodic evaluations (None: whole eval sets)
     ckpt_every: int = 0  # 0: checkpoint only at the end, on a signal and on NaN
     keep_last: int = 2  # step checkpoints kept besides best.pt
@@ -75,6 +78,7 @@ class TrainConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}: expected None or an int >= 1, got {v!r}")
         for name, lo, hi in (("lr", 0.0, math.inf), ("min_lr_ratio", 0.0, 1.0), ("weight_decay", 0.0, math.inf),
+                             ("min_delta", 0.0, 1.0),
                              ("beta1", 0.0, 1.0), ("beta2", 0.0, 1.0), ("grad_clip", 0.0, math.inf)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi) or math.isnan(v):

@@ -100,6 +100,7 @@ class _Record:
     def __init__(self):
         self.status, self.step, self.tokens, self.time = "ok", 0, 0, 0.0
         self.best, self.best_step, self.evals, self.budget = None, 0, {}, {}
+        self.improved, self.improved_step = None, 0  # the last evaluation that reset the patience (min_delta)
         self.best_state: dict[str, Tensor] | None = None
         self.eval_time = 0.0
         self.final_state: dict[str, Tensor] | None = None  # its weights when it left the group
@@ -112,6 +113,8 @@ class _Record:
     def from_state(cls, d: dict) -> _Record:
         r = cls()
         r.__dict__.update(d)
+        if "improved" not in d:  # a group saved before min_delta existed: its best reset the patience
+            r.improved, r.improved_step = r.best, r.best_step
         return r
 
 
@@ -234,6 +237,8 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
             for name, v in r.evals.items():
                 log(i, {"event": "eval", "step": step, "eval_set": name, "loss": v})
             mean = sum(r.evals.values()) / len(r.evals)
+            if r.improved is None or mean < r.improved - cfg.min_delta * abs(r.improved):
+                r.improved, r.improved_step = mean, step
             if r.best is None or mean < r.best:
                 r.best, r.best_step = mean, step
                 r.best_state = {k: p.detach()[j].clone() for k, p in net.named_parameters(remove_duplicate=False)}
@@ -328,7 +333,7 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
                 keep = []
                 for j, i in enumerate(active):
                     r = recs[i]
-                    if r.evals and step - r.best_step >= cfg.patience:
+                    if r.evals and step - r.improved_step >= cfg.patience:
                         log(i, {"event": "early_stop", "step": step, "best_step": r.best_step, "best_eval": r.best})
                         for name, v in r.evals.items():  # ``train`` evaluates a stopped run once more: same weights
                             log(i, {"event": "eval", "step": step, "eval_set": name, "loss": v})

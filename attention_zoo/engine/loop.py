@@ -173,6 +173,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
             append_jsonl(log_path, row)
 
     step, tokens_seen, train_time, best, best_step, stopped_early = 0, 0, 0.0, None, 0, False
+    improved = (None, 0)  # (score, step) of the last evaluation that reset the patience (min_delta)
     budget: dict[float, tuple[int, dict[str, float]]] = {}
     best_weights: dict[str, Tensor] | None = None  # the best checkpoint's weights, kept only for budget scoring
     ckpt_path, state = ckpts.resolve(resume)  # on CPU; load_state_dict copies onto the parameters' device
@@ -183,6 +184,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
         step, tokens_seen, train_time, best = (state["step"], state["tokens_seen"], state["train_time_s"],
                                                state["best_eval"])
         best_step = state.get("best_step", step)  # checkpoints written before early stopping existed lack it
+        improved = tuple(state.get("improved", (best, best_step)))  # before min_delta: the best resets it
         stopped_early = bool(state.get("early_stopped"))  # a run that early-stopped is finished: no more steps
         budget = {float(f): (int(b), dict(sc)) for f, b, sc in state.get("budget", [])}
         if hasattr(train_batches, "load_state_dict") and state["data"].get("sampler") is not None:
@@ -208,7 +210,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 else None}
         return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "step": step, "tokens_seen": tokens_seen, "train_time_s": train_time, "best_eval": best,
-                "best_step": best_step, "data": data, "config": cfg.to_dict(), "rng": rngs, "meta": meta or {},
+                "best_step": best_step, "improved": list(improved), "data": data, "config": cfg.to_dict(),
+                "rng": rngs, "meta": meta or {},
                 "budget": [[f, b, sc] for f, (b, sc) in sorted(budget.items())], **extra}
 
     eval_time = 0.0
@@ -216,13 +219,15 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
     scored_at: tuple[int, dict[str, float]] | None = budget[max(budget)] if budget else None
 
     def run_evals() -> dict[str, float]:
-        nonlocal best, best_step, best_weights, eval_time
+        nonlocal best, best_step, best_weights, eval_time, improved
         t0 = time.perf_counter()
         res = {name: evaluate(raw, fn(cfg.eval_max_batches), loss_fn, info, cfg.amp) for name, fn in eval_sets.items()}
         eval_time += time.perf_counter() - t0
         for name, v in res.items():
             log({"event": "eval", "step": step, "eval_set": name, "loss": v})
         mean = sum(res.values()) / len(res)
+        if improved[0] is None or mean < improved[0] - cfg.min_delta * abs(improved[0]):
+            improved = (mean, step)
         if best is None or mean < best:
             best, best_step = mean, step
             state = snapshot()
@@ -310,8 +315,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_batches: Callable[[int], Bat
                 if best is None:  # no evaluation yet: the budget's best checkpoint is this step's
                     evals = run_evals()
                 score_budget(budget_steps[step])
-            # early stopping (patience in steps since the best evaluation): a finished run, its best in best.pt
-            if cfg.patience and evals and step - best_step >= cfg.patience and step < cfg.max_steps:
+            # early stopping (patience in steps since the last evaluation that beat the best by more than min_delta;
+            # with min_delta 0, since the best): a finished run, its best in best.pt
+            if cfg.patience and evals and step - improved[1] >= cfg.patience and step < cfg.max_steps:
                 log({"event": "early_stop", "step": step, "best_step": best_step, "best_eval": best})
                 stopped_early = True
                 state = snapshot(early_stopped=True)

@@ -6,7 +6,8 @@ measure as a whole (``show_whole``).
 A plan lists the cells to run and the finished ones a run would skip (read from the store), the data they need and
 an estimate of the cost: per pending cell, the median training time of finished cells of the same kind (the same
 cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the steps
-(as measured where the cells record no steps: the synthetic sweeps), else the analytic step floor of
+(as measured where the cells record no steps: the synthetic sweeps), else the experiment's calibrated prior
+(``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else the analytic step floor of
 docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
 paper preset about to train on a CPU gets a warning.
 
@@ -63,10 +64,11 @@ def _steps(cell: dict, default: int | None = None) -> int | None:
     return steps if isinstance(steps, int) and steps > 0 else None
 
 
-def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None
+def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None, prior=None
              ) -> tuple[float, dict[str, int]]:
-    """Seconds for ``cells`` and how many cells each source priced (same kind, same variant, analytic, none);
-    ``steps``: the run's ``--steps`` for cells that do not record theirs."""
+    """Seconds for ``cells`` and how many cells each source priced (same kind, same variant, the experiment's
+    calibrated ``prior(cell)``, analytic, none); ``steps``: the run's ``--steps`` for cells that do not record
+    theirs."""
     by_kind, by_variant = {}, {}
     for rec in records:
         s = _seconds(rec)
@@ -74,7 +76,7 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
             by_kind.setdefault(_kind(rec["cell"]), []).append(s)
             by_variant.setdefault(rec["cell"].get("variant"), []).append((s, _steps(rec["cell"])))
     floor = STEP_FLOOR_S.get(name, STEP_FLOOR_S["*"])
-    total, sources = 0.0, {"same kind": 0, "same variant": 0, "analytic": 0, "unknown": 0}
+    total, sources = 0.0, {"same kind": 0, "same variant": 0, "calibrated": 0, "analytic": 0, "unknown": 0}
     for c in cells:
         same, n_steps = by_kind.get(_kind(c)), _steps(c, steps)
         scaled = [s * n_steps / n for s, n in by_variant.get(c.get("variant"), []) if n_steps and n]
@@ -86,6 +88,9 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
         elif scaled:
             total += statistics.median(scaled)
             sources["same variant"] += 1
+        elif prior is not None and (priced := prior(c)) is not None:
+            total += priced
+            sources["calibrated"] += 1
         elif n_steps:
             total += n_steps * floor
             sources["analytic"] += 1
@@ -95,8 +100,8 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
 
 
 def _cell_line(cell: dict) -> str:
-    keys = ("dataset", "task", "variant", "flavor", "setting", "lam", "d_e", "model", "phase", "lr", "weight_decay",
-            "seed")
+    keys = ("dataset", "task", "arm", "variant", "flavor", "setting", "lam", "d_e", "seq_len", "n_pairs", "model",
+            "phase", "lr", "weight_decay", "seed")
     return " ".join(f"{k}={cell[k]}" for k in keys if k in cell)
 
 
@@ -129,7 +134,7 @@ def show_plan(plan, args, name: str) -> int:
     done = [c for c in cells if store.is_done(c)]
     todo = [c for c in cells if not store.is_done(c)]
     steps = getattr(args, "steps", None) or getattr(args, "max_steps", None)
-    seconds, sources = estimate(todo, store.records(every_context=True), name, steps)
+    seconds, sources = estimate(todo, store.records(every_context=True), name, steps, getattr(plan, "prior", None))
     priced = ", ".join(f"{n} {k}" for k, n in sources.items() if n)
     unknown = (f"; {sources['unknown']} cell(s) without an estimate: no finished cell of their kind and no step "
                f"count (docs/paper_scale.md sizes the paper presets)" if sources["unknown"] else "")

@@ -65,6 +65,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("table6_vit", "vision", "Table 6: ViT classification", presets=("smoke", "decide", "cifar10", "paper")),
     Experiment("appendix_fgh", "generation", "Appendices F–H: DAMCHA's metric"),
     Experiment("rowsum_analysis", "efficiency", "DAMCHA under RowSum", units="run"),
+    Experiment("mqar", "mqar", "MQAR: associative recall for every arm (the baselines' claims)",
+               presets=("smoke", "decide")),
+    Experiment("masked_lm", "mlm", "Masked character LM: the baselines' masked-LM claims and sweeps",
+               presets=("smoke", "decide")),
 )}
 
 
@@ -79,6 +83,9 @@ class Plan:
     workers: int = 1
     worker_init: Callable[[], None] | None = None
     describe: Callable[[list[dict]], str] = field(default=lambda unit: f"{len(unit)} cell(s)")
+    # the dry run's price (seconds) of a cell that no finished cell of its kind or variant has timed: an experiment's
+    # calibrated seconds per step × its expected steps (None: no prior; the analytic step floor applies)
+    prior: Callable[[dict], float | None] | None = None
 
 
 def add_launcher_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

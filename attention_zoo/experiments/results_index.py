@@ -19,6 +19,7 @@ from .fingerprint_records import compute_pending
 from .freshness import driver_entry, freshness_line, probes_to_run, read_env_record, sittings
 from .protocol import EXPERIMENTS
 from .results_index_notes import DISCREPANCIES, ROWSUM, baseline_flavours, paper_blocks, rowsum_numbers
+from .results_index_papers import PAPER_SECTIONS, capability_summary
 
 RUN_RECORD = "run_all.json"  # written by run_all: runs (command, commit, machine) and per-script timings
 
@@ -36,6 +37,7 @@ class Section:
     figures_note: str = ""  # when the figures need more than the default run
     claims: tuple[str, ...] = ()  # ids of the claims its rows decide (their verdicts are listed in the section)
     optional: bool = False  # made by another all.py preset (decide): "not run" when absent, never "missing"
+    about: str = ""  # what the section's stand-ins are and where they stop (the baselines' papers)
 
 
 SECTIONS = (
@@ -92,6 +94,8 @@ SECTIONS = (
             "the figures come from the `diag_vs_full` section"),
     Section("Benchmark", "quick benchmark and training throughput", "benchmark", "benchmark.md",
             ("benchmark.png", "benchmark_memory.png")),
+    *(Section(name, title, folder, md, (), claims=claims, optional=True, about=about)
+      for name, title, folder, md, claims, about in PAPER_SECTIONS),
 )
 
 
@@ -237,10 +241,18 @@ def section_modules(sec: Section) -> tuple[str, ...]:
 def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verdicts: list,
                    probes: bool = True) -> list[str]:
     md, figs, missing = section_files(results, sec)
-    out = [f"## {sec.name}: {sec.title}", ""]
+    out = [f"## {sec.name}: {sec.title}", ""] + ([sec.about, ""] if sec.about else [])
     folder = results / sec.script
-    if sec.optional and not folder.is_dir():
-        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
+    preset = "decide" if sec.optional else None
+    mine = [v for v in verdicts if v.claim.id.startswith(sec.claims) and (preset is None and v.preset != "decide"
+                                                                           or v.preset == preset
+                                                                           or sec.about and v.preset == "any")
+            ] if sec.claims else []
+    verdict_lines = ["Verdicts (details in the table at the top):", ""] + [
+        f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""] if mine else []
+    if sec.optional and not folder.is_dir():  # a paper's section still lists the verdicts other stores or formulas give
+        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", "",
+                      *(verdict_lines if sec.about else [])]
     if section_modules(sec):
         out += [freshness_line(folder, record, sec.script, section_modules(sec), probes=probes,
                                cache_dir=results / "_cache" / "fingerprints"), ""]
@@ -262,12 +274,7 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
             sorted(p for p in folder.glob("*.csv") if not p.name.endswith(("_long.csv", "_wide.csv")))
         out.append("Files: " + ", ".join(f"[{f.name}]({sec.script}/{f.name})" for f in files))
         out.append("")
-    preset = "decide" if sec.optional else None
-    mine = [v for v in verdicts if v.claim.id.startswith(sec.claims) and (preset is None and v.preset != "decide"
-                                                                           or v.preset == preset)] if sec.claims else []
-    if mine:
-        out += ["Verdicts (details in the table at the top):", ""]
-        out += [f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""]
+    out += verdict_lines
     if md is not None and md not in seen_md:  # Figures 12 and 13 share synthetic.md: its paper rows show once
         for block in paper_blocks(md.read_text()):
             out += [block, ""]
@@ -317,7 +324,8 @@ def build_index(results: str | Path, preset: str | None = None, probes: bool = T
            + ", ".join(f"[{s.name}](#{_anchor(s)})" for s in SECTIONS) + ".", "",
            "## Verdicts on the paper's claims", "", verdict_markdown(verdicts),
            "Also as [claims.md](claims.md) and [claims.csv](claims.csv) (with the context and runs behind each "
-           "verdict).", ""]
+           "verdict); one paper's: `python -m attention_zoo.claims --paper tha|dcmha|colmha|moa|mma|damcha`.", "",
+           *capability_summary(results)]
     out += ["## How these results were made", ""] + _how_made(record, results)
     if probes:  # the sections whose code changed: their probes computed up front, two processes at a time
         compute_pending([job for sec in SECTIONS if section_modules(sec) and (results / sec.script).is_dir()

@@ -5,7 +5,8 @@ Presets: ``smoke`` covers the whole paper on embedded data on a 2-core CPU (ever
 control arms, three seeds in Tables 1, 5 and 6, five in Tables 3, 4, App. F–H and the synthetic sweeps at 200 steps,
 λ ∈ {0, 0.2, …, 1} and d_e ∈ {4, 8, …, 20}), plus the quick and the training-throughput benchmarks; ``decide`` runs
 the decide presets (every arm tuned on one grid, then ten seeds at its best, trained to a validation plateau) of
-Table 5, Table 6, the synthetic sweeps and Tables 1, 3, 4, in that order, into ``<results>/<name>`` (``DECIDE``);
+Table 5, Table 6, the synthetic sweeps, Tables 1, 3, 4, MQAR and the masked LM, in that order, into
+``<results>/<name>`` (``DECIDE``);
 ``paper`` runs each script's paper preset with its defaults (see docs/paper_scale.md); ``tiny`` is the smoke
 pipeline shrunk to seconds per script (two variants, a few steps, random FID features) for the test suite — its
 numbers mean nothing. The command, commit, machine and each script's wall and CPU time go to
@@ -43,7 +44,7 @@ SCRIPTS = (*EXPERIMENTS, "benchmark", "train_speed")
 # The decide presets (run name -> script), in the order the compute goes: the headline Tables 5 and 6 first.
 DECIDE = {"table5_decide": "table5_gpt2", "table6_decide": "table6_vit", "synthetic_decide": "synthetic",
           "table1_decide": "table1_generation", "table3_decide": "table3_depth_blocks",
-          "table4_decide": "table4_ablation"}
+          "table4_decide": "table4_ablation", "mqar_decide": "mqar", "masked_lm_decide": "masked_lm"}
 PRESETS = ("smoke", "decide", "paper", "tiny")
 
 _ALL_ROWS = ["--variants", "*,controls", "--flavour", "both"]  # every variant (both flavours) and the controls
@@ -92,12 +93,19 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "benchmark": ["--variants", "mha,damcha", "--batch", "1", "--seq-len", "16", "--d-model", "16", "--heads",
                       "2", "--layers", "1", "--warmup", "0", "--repeats", "1"],
         "train_speed": ["--variants", "mha", "--seeds", "2", "--steps", "1", "--rounds", "1", "--warmup", "0"],
+        "mqar": ["--arms", "mha", "dcmha", "--steps", "2", "--train", "eval_every=1"],
+        "masked_lm": ["--arms", "mha", "moa", "--steps", "2", "--train", "eval_every=1", "eval_max_batches=1"],
     },
 }
 
 
 def scripts_of(preset: str) -> tuple[str, ...]:
-    return tuple(DECIDE) if preset == "decide" else SCRIPTS
+    """The scripts a preset runs: an experiment without that preset (the baselines' stand-ins have no paper preset)
+    is left out; ``tiny`` runs the smoke presets."""
+    if preset == "decide":
+        return tuple(DECIDE)
+    own = "smoke" if preset == "tiny" else preset
+    return tuple(s for s in SCRIPTS if s not in EXPERIMENTS or own in EXPERIMENTS[s].presets)
 
 
 def shown_command(cmd: list[str]) -> str:

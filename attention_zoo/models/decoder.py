@@ -52,12 +52,16 @@ class Decoder(nn.Module):
     rotates its queries and keys (RoPE, base 10000, width ``attn.rotary_dim``; docs/variants.md §0.4).
     ``share_across_layers`` (alias ``share_mlp``; default True): a ``stack_shared`` attention's shared module (DAMCHA's
     metric generator) is built once at construction and run once per forward on the stack input (embeddings +
-    additive positions), and every layer reuses its result; False: each layer has its own.
+    additive positions), and every layer reuses its result; False: each layer has its own. ``causal`` (default True):
+    False makes the same model bidirectional (every position sees every real token: a masked-LM encoder).
+    ``emb_std``: the token embeddings' initial standard deviation (GPT-2's 0.02 by default; PyTorch's own 1.0, with an
+    untied head, is what Zoology's recall models use).
 
     Raises:
         ValueError: non-positive sizes, unknown attention or option, ``positions="rope"`` with an attention
             without the ``rotary_ok`` capability, ``share_across_layers`` and ``share_mlp`` given with different
-            values, tokens not an integer [B,T] tensor within the vocabulary and ``max_seq_len``.
+            values, ``causal`` or ``tie_weights`` not a bool, ``emb_std`` not positive, tokens not an integer [B,T]
+            tensor within the vocabulary and ``max_seq_len``.
     """
 
     ensemble_parameters = ("pos_emb",)  # learned positions may carry a seed axis (engine.ensemble)
@@ -66,7 +70,7 @@ class Decoder(nn.Module):
                  attention_options: dict | None = None, share_across_layers: bool | None = None,
                  d_ff: int | None = None, max_seq_len: int = 1024, dropout: float = 0.0, attn_dropout: float = 0.0,
                  norm: str = "pre", positions: str = "learned", tie_weights: bool = True,
-                 share_mlp: bool | None = None):
+                 share_mlp: bool | None = None, causal: bool = True, emb_std: float = 0.02):
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("max_seq_len", max_seq_len)
@@ -74,11 +78,14 @@ class Decoder(nn.Module):
         if positions == "rope" and not get_attention_spec(attention).rotary_ok:
             raise ValueError(f"positions: 'rope' needs an attention that applies rotary positions (rotary_ok); "
                              f"{attention!r} does not")
-        if not isinstance(tie_weights, bool):
-            raise ValueError(f"tie_weights: expected a bool, got {tie_weights!r}")
+        for name, value in (("tie_weights", tie_weights), ("causal", causal)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: expected a bool, got {value!r}")
+        if isinstance(emb_std, bool) or not isinstance(emb_std, (int, float)) or not 0 < emb_std < float("inf"):
+            raise ValueError(f"emb_std: expected a positive finite float, got {emb_std!r}")
         self.cfg = StackConfig(d_model, n_layers, n_heads, attention, dict(attention_options or {}),
-                               share_across_layers, causal=True, d_ff=d_ff, dropout=dropout, attn_dropout=attn_dropout,
-                               norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
+                               share_across_layers, causal=causal, d_ff=d_ff, dropout=dropout,
+                               attn_dropout=attn_dropout, norm=norm, max_seq_len=max_seq_len, share_mlp=share_mlp)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.positions = positions
@@ -89,7 +96,7 @@ class Decoder(nn.Module):
             self.register_buffer("pos_emb", sinusoidal_positions(max_seq_len, d_model), persistent=False)
         else:
             self.pos_emb = None  # positions enter each attention's logits instead
-        nn.init.normal_(self.tok_emb.weight, std=0.02)
+        nn.init.normal_(self.tok_emb.weight, std=emb_std)
         self.drop = nn.Dropout(dropout)
         self.stack = AttentionStack(self.cfg)
         self.ln_f = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()

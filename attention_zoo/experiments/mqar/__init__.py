@@ -1,0 +1,2 @@
+"""MQAR (multi-query associative recall, Zoology) for all seven variants and the controls: a capability ladder and
+the DCFormer in-context claim (issue 55)."""
