@@ -25,7 +25,7 @@ from ..common import base_parser, experiment_main, open_store, run_context, setu
 from ..ensemble_units import ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
 from ..token_cells import Backbone, run_unit
-from ..tuning import execute_stages
+from ..tuning import execute_stages, is_waiting
 from .presets import (
     CLAIM_ARMS,
     EVAL_SHARE,
@@ -133,7 +133,7 @@ def staged_plan(args) -> tuple[Plan, int]:
     env = environment_record(device, preset=args.preset, train_config=cfg.to_dict())
     store = open_store(args, NAME, device, env, **_context_kw(args))
     cells = _cells(args, preset, cfg, tuning, store.records() if tuning else [])
-    waiting = [c for c in cells if c.get("phase") == "tuned" and c["lr"] is None]
+    waiting = [c for c in cells if is_waiting(c)]
     if not args.dry_run:  # a dry run prices the waiting cells; a run starts them once their arm is tuned
         cells = [c for c in cells if c not in waiting]
     units = ensemble_units(cells) if ensemble_on(args, ENSEMBLE) else [[c] for c in cells]
