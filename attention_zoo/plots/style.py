@@ -119,3 +119,9 @@ def series_styles(labels) -> dict[str, SeriesStyle]:
                                       marker="o")
             other += 1
     return styles
+
+# ---- verdicts (the report's forest plot) -----------------------------------------------------------------------
+# One colour per verdict kind, apart from the arm colours (a verdict is not an arm): colour-blind-safe tones, the
+# two decided kinds far apart (blue / vermillion), the undecided ones muted.
+VERDICT_COLOURS = {"supported": "#0072b2", "contradicted": "#d55e00", "equivalent": "#009e73",
+                   "explained by a control": "#cc79a7", "inconclusive": "#7f7f7f", "not decidable": "#b3b3b3"}
