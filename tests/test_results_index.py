@@ -31,8 +31,9 @@ def test_index_names_every_sitting_of_a_resumed_store(tmp_path):
     t = tmp_path / "table9"
     t.mkdir()
     lines = [{"kind": "run", "run_id": rid, "context_id": "c1", "env": {"git_commit": commit, "cpu_model": "TestCPU",
-                                                                       "time_utc": f"2026-01-01T0{h}:00:00+00:00"}}
-             for rid, commit, h in (("A", "aaaaaaa111", 1), ("B", "bbbbbbb222", 2))]
+                                                                       "time_utc": f"2026-01-01T0{h}:00:00+00:00",
+                                                                       **dirty}}
+             for rid, commit, h, dirty in (("A", "aaaaaaa111", 1, {"git_dirty": False}), ("B", "bbbbbbb222", 2, {}))]
     cells = [("x1", "A"), ("x2", "A"), ("x3", "A"), ("x3", "B"), ("x4", "B")]  # x3 redone by B: B's record counts
     lines += [{"kind": "cell", "cell_id": cid, "context_id": "c1", "run_id": rid, "cell": {"i": cid},
                "rows": [{"metric": "m", "value": 1.0}]} for cid, rid in cells]
@@ -41,8 +42,8 @@ def test_index_names_every_sitting_of_a_resumed_store(tmp_path):
     (tmp_path / "run_all.json").write_text(json.dumps({"runs": [run], "scripts": {"table9": {"run_id": "R"}}}))
     md = build_index(tmp_path).read_text()
     assert "**Resumed stores**" in md
-    assert ("`table9/table9.jsonl`: 4 cells from 2 runs of its script: 2 by `A` (commit `aaaaaaa`, TestCPU, "
-            "started 2026-01-01T01:00:00+00:00); 2 by `B` (commit `bbbbbbb`") in md
+    assert ("`table9/table9.jsonl`: 4 cells from 2 runs of its script: 2 by `A` (commit `aaaaaaa`, clean tree, "
+            "TestCPU, started 2026-01-01T01:00:00+00:00); 2 by `B` (commit `bbbbbbb`, tree unknown") in md
     (t / "table9.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines if x.get("run_id") != "B"))
     assert "Resumed stores" not in build_index(tmp_path).read_text()  # one sitting: nothing to say
 

@@ -188,7 +188,7 @@ def count_line(title: str, lines: list[Line]) -> str:
     parts = [f"{kinds[k]} {k}" for k in KINDS if kinds[k]] + [f"{n} {k}" for k, n in kinds.items() if k not in KINDS]
     folded = sum(len(line.folded) for line in lines)
     tail = f" ({folded} re-read another claim's rows: one line with it)" if folded else ""
-    return f"**{title}: {total} claim{'s' if total != 1 else ''}** — {', '.join(parts)}{tail}."
+    return f"**{title}**: {total} claim{'s' if total != 1 else ''} — {', '.join(parts)}{tail}."
 
 
 def summary_markdown(verdicts: list[Verdict], figure: str | None = "verdicts.png") -> list[str]:
@@ -205,7 +205,7 @@ def summary_markdown(verdicts: list[Verdict], figure: str | None = "verdicts.png
         mine = [ln for ln in lines if ln.group == group]
         if not mine:
             continue
-        counts.append(f"- {SHORT[group]} — " + count_line(TITLES[group], mine))
+        counts.append("- " + count_line(TITLES[group], mine))
         out += [summary_row(ln) for ln in mine]
     fig = [f"![verdicts]({figure})", "", "The forest plot: every decided claim's deciding comparison with its "
            "interval and, where the paper quotes one, the paper's effect; colour by verdict.", ""] if figure else []
