@@ -65,6 +65,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("table6_vit", "vision", "Table 6: ViT classification", presets=("smoke", "decide", "cifar10", "paper")),
     Experiment("appendix_fgh", "generation", "Appendices F–H: DAMCHA's metric"),
     Experiment("rowsum_analysis", "efficiency", "DAMCHA under RowSum", units="run"),
+    Experiment("scaling", "scaling", "The scale axis: compute multipliers on a char-LM ladder",
+               presets=("smoke", "decide"), module="ladder"),
 )}
 
 
@@ -79,6 +81,8 @@ class Plan:
     workers: int = 1
     worker_init: Callable[[], None] | None = None
     describe: Callable[[list[dict]], str] = field(default=lambda unit: f"{len(unit)} cell(s)")
+    # the dry run's price of a cell no stored cell of its kind prices: (cell, store records) -> seconds or None
+    price: Callable[[dict, list[dict]], float | None] | None = None
 
 
 def add_launcher_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -92,6 +92,11 @@ SECTIONS = (
             "the figures come from the `diag_vs_full` section"),
     Section("Benchmark", "quick benchmark and training throughput", "benchmark", "benchmark.md",
             ("benchmark.png", "benchmark_memory.png")),
+    Section("Scale axis", "compute multipliers on a char-LM ladder (smoke preset)", "scaling", "scaling.md",
+            ("scaling_loss_vs_compute.png", "scaling_multipliers.png"), claims=("S.", "DC.compute")),
+    Section("Scale axis (decide)", "compute multipliers on the char-LM ladder, every arm tuned per rung",
+            "scaling_decide", "scaling.md", ("scaling_loss_vs_compute.png", "scaling_multipliers.png"),
+            claims=("S.", "DC.compute", "T5."), optional=True),
 )
 
 

@@ -270,7 +270,9 @@ def execute_stages(plan_of: Callable[[], tuple[object, int]], args, name: str) -
         if code:
             return code
         plan, still = plan_of()
-        if still >= waiting:
+        # an arm extending its grid waits over several stages: stop only when nothing new can be planned
+        fresh = any(not plan.store.is_done(c) for unit in plan.units for c in unit)
+        if still >= waiting and not fresh:
             break
         waiting = still
     return execute(plan, args, name)
