@@ -9,7 +9,7 @@ hidden (128, 128), compact rank 4; every rung scales the generator as w = 2D). M
 416 k parameters there. Width alone: depth 2 keeps Table 5's shape, and at these sizes the output layer and the
 embeddings are a large share of the parameters (Kaplan et al. 2020 find shape matters little at fixed parameters).
 
-**Budget per rung**: 20 training tokens per MHA parameter (Chinchilla's compute-optimal ratio): 586, 1,248, 2,144,
+**Budget per rung**: 20 training tokens per MHA parameter (Chinchilla's compute-optimal ratio): 592, 1,248, 2,144,
 4,656 and 8,128 steps of 16 × 64 tokens. The cosine schedule spans that budget; validation every 1/16 of it, early
 stopping after 4 evaluations without a new best (``stop_reason`` in every row: ``patience`` or ``token_budget``).
 Training FLOPs (MHA) run from 1.3e11 to 2.2e13, 169×; 56× over the four full rungs.
@@ -29,9 +29,9 @@ seeds (0-4) at each arm's choice, their test loss read at the best validation ch
 budget). Seeds and tuning grids train as seed ensembles where the arm allows (``--ensemble``, on by default here).
 
 **Cost** (``--dry-run`` prices every cell: from the store's own timings once an arm and rung has one, before that
-from ``presets.CALIBRATION_MS``, measured on this machine while it was shared): ≈ 18 CPU-hours, ≈ 9 hours on two
-one-thread workers, as the dry run prints it (the calibration's load puts Table 5's idle decide timings at about
-half of it).
+from ``presets.CALIBRATION_MS``, measured on this machine while it was shared): 396 cells, ≈ 15.3 CPU-hours, ≈ 7.6
+hours on two one-thread workers, ≈ 9.0 hours if every arm extends its grid once at every rung (Table 5's idle
+decide timings are about half the calibration's).
 """
 
 from __future__ import annotations

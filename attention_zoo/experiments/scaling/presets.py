@@ -59,7 +59,7 @@ class Preset:
         """The rung's step budget: ``tokens_per_param`` tokens per MHA parameter, in whole batches, rounded up to
         a multiple of the evaluation interval."""
         steps = max(self.min_steps, math.ceil(self.tokens_per_param * mha_params / (self.batch_size * self.context)))
-        every = max(1, steps // self.evals)
+        every = math.ceil(steps / self.evals)
         return math.ceil(steps / every) * every
 
     def schedule(self, max_steps: int) -> dict:

@@ -104,6 +104,14 @@ def write_report(out: Path, store, env: dict, preset_name: str, n_boot: int = N_
     return verdicts
 
 
+def _log_x(ax) -> None:
+    """A log x axis with ticks at 1, 2 and 5 of each decade (all eight minor labels of a short span overlap)."""
+    from matplotlib.ticker import LogLocator
+
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+
+
 def _figures(out: Path, head: pd.DataFrame, fits: dict, preset: str, env: dict) -> None:
     import matplotlib
 
@@ -134,7 +142,7 @@ def _figures(out: Path, head: pd.DataFrame, fits: dict, preset: str, env: dict) 
                 xs = np.geomspace(m["c"].min() / 1.5, m["c"].max() * 1.5, 60)
                 ax.plot(xs, f["E"] + f["A"] * xs ** (-f["alpha"]), color=colour, linewidth=1.2,
                         linestyle="-" if arm in (REFERENCE, "damcha", "dcmha") else "--")
-        ax.set_xscale("log")
+        _log_x(ax)
         ax.set_xlabel(f"training compute to the best checkpoint ({unit}, log)")
         ax.set_ylabel("test loss (nats/char)")
         ax.set_title(f"test loss vs {unit}: seeds (dots), means with 95 % band, fits (lines)", fontsize=9)
@@ -152,24 +160,31 @@ def _figures(out: Path, head: pd.DataFrame, fits: dict, preset: str, env: dict) 
         part = mult[mult["reading"] == unit]
         ax.axhspan(*DCFORMER, color="#029e73", alpha=0.12, linewidth=0, label="DCFormer's claim 1.7–2.0×")
         ax.axhline(1.0, color="#4d4d4d", linewidth=0.9, label="= MHA")
+        finite = part[["multiplier", "high"]].replace(np.inf, np.nan)
+        ceiling = float(np.nanmax(finite.to_numpy())) * 3 if finite.notna().any().any() else 10.0
         for i, arm in enumerate(arms):
             g = part[part["arm"] == arm].sort_values("compute")
             if g.empty:
                 continue
             shift = 1 + 0.03 * (i - len(arms) / 2)  # arms side by side at a rung
-            top = float(g["multiplier"].replace(np.inf, np.nan).max()) * 4  # an open upper end drawn to 4× the top
-            hi = g["high"].replace(np.inf, np.nan).fillna(top)
-            below = (g["multiplier"] - g["low"]).clip(lower=0).fillna(0)
-            above = (hi - g["multiplier"]).clip(lower=0).fillna(0)
-            ax.errorbar(g["compute"] * shift, g["multiplier"], yerr=[below, above],
-                        fmt="o-", color=variant_colour(arm), markersize=4, capsize=2, linewidth=1, label=arm)
-        ax.set_xscale("log")
+            shown = g["multiplier"].replace(np.inf, ceiling)  # beyond MHA's fitted floor: drawn at the ceiling
+            hi = g["high"].replace(np.inf, ceiling).fillna(ceiling)
+            below = (shown - g["low"]).clip(lower=0).fillna(0)
+            above = (hi - shown).clip(lower=0).fillna(0)
+            colour = variant_colour(arm)
+            ax.errorbar(g["compute"] * shift, shown, yerr=[below, above], fmt="o-", color=colour, markersize=4,
+                        capsize=2, linewidth=1, label=arm)
+            inf = np.isinf(g["multiplier"])
+            ax.plot(g["compute"][inf] * shift, shown[inf], "^", color=colour, markersize=9, fillstyle="none")
+        _log_x(ax)
         ax.set_yscale("log")
         ax.set_xlabel(f"the arm's training compute ({unit}, log)")
-        ax.set_ylabel("multiplier over MHA (log; > 1: less compute for the same loss)")
-        ax.set_title(f"compute multiplier vs compute ({unit}); bars: 95 % bootstrap intervals", fontsize=9)
+        ax.set_ylabel("multiplier over MHA (log)")
+        ax.set_title(f"{unit} reading; bars: 95 % bootstrap intervals", fontsize=9)
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.suptitle(f"Scale ladder ({where}): C_MHA(L_arm) / C_arm at each rung (the leaderboard)", fontsize=10)
+    fig.suptitle(f"Scale ladder ({where}): compute multiplier C_MHA(L_arm) / C_arm at each rung\n(> 1: the arm "
+                 "reaches its loss with less compute than MHA; open triangle: below MHA's fitted floor, ∞; a bar "
+                 "reaching the top: open above)", fontsize=9)
     fig.tight_layout()
     atomic_savefig(fig, out / f"{NAME}_multipliers.png", dpi=120)
     plt.close(fig)
