@@ -36,6 +36,7 @@ class Section:
     figures_note: str = ""  # when the figures need more than the default run
     claims: tuple[str, ...] = ()  # ids of the claims its rows decide (their verdicts are listed in the section)
     optional: bool = False  # made by another all.py preset (decide): "not run" when absent, never "missing"
+    made_by: str = "python reproduce/all.py --preset decide"  # the command that makes an optional section
 
 
 SECTIONS = (
@@ -96,7 +97,8 @@ SECTIONS = (
             ("scaling_loss_vs_compute.png", "scaling_multipliers.png"), claims=("S.", "DC.compute")),
     Section("Scale axis (decide)", "compute multipliers on the char-LM ladder, every arm tuned per rung",
             "scaling_decide", "scaling.md", ("scaling_loss_vs_compute.png", "scaling_multipliers.png"),
-            claims=("S.", "DC.compute", "T5."), optional=True),
+            claims=("S.", "DC.compute", "T5."), optional=True,
+            made_by="python reproduce/scaling.py --preset decide --out results/scaling_decide"),
 )
 
 
@@ -245,7 +247,7 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
     out = [f"## {sec.name}: {sec.title}", ""]
     folder = results / sec.script
     if sec.optional and not folder.is_dir():
-        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", ""]
+        return out + [f"Not run: made by `{sec.made_by}` (folder `{sec.script}/`).", ""]
     if section_modules(sec):
         out += [freshness_line(folder, record, sec.script, section_modules(sec), probes=probes,
                                cache_dir=results / "_cache" / "fingerprints"), ""]
