@@ -92,15 +92,21 @@ def test_not_run_without_rows():
 
 def test_an_arm_can_differ_by_preset():
     """T5.mix compares with DCMHA as the paper's authors ran it (damcha_repo) at smoke scale and with DCMHA's original
-    form at the decide preset: each preset reads its own rows and names them."""
+    form at the decide preset: each preset reads its own rows and names them. At the decide preset the rows are the
+    scale ladder's largest rung (store ``scaling``): a smaller rung's rows, where DAMCHA is far behind, do not count."""
+    from attention_zoo.claims.ledger import LADDER_TOP
+
     rows, rng = [], np.random.default_rng(0)
     for s in range(N):
         for v, flavor, value in (("mha", "paper", 1.0), ("damcha", "paper", 0.9), ("dcmha", "paper", 0.95),
                                  ("dcmha", "damcha_repo", 0.8)):
-            rows.append({"dataset": "shakespeare", "seed": s, "variant": v, "flavor": flavor, "metric": "test_loss",
-                         "value": value * (1 + 0.005 * rng.standard_normal()), "status": "ok", "phase": "tuned"})
+            for d_model, worse in ((LADDER_TOP[0], 1.0), (32, 1.5 if v == "damcha" else 1.0)):
+                rows.append({"dataset": "shakespeare", "seed": s, "variant": v, "flavor": flavor,
+                             "metric": "test_loss", "value": worse * value * (1 + 0.005 * rng.standard_normal()),
+                             "status": "ok", "phase": "tuned", "d_model": d_model, "n_layers": LADDER_TOP[1]})
     df = pd.DataFrame(rows)
-    stores = {("table5_gpt2", p): StoreRows(df, Path("x.jsonl"), "ctx", ["run"], ["abc"]) for p in ("smoke", "decide")}
+    stores = {(store, p): StoreRows(df if p == "decide" else df[df["d_model"] == 32], Path("x.jsonl"), "ctx",
+                                    ["run"], ["abc"]) for store, p in (("table5_gpt2", "smoke"), ("scaling", "decide"))}
     got = {v.preset: v for v in decide(stores, (get_claim("T5.mix"),))}
     names = {p: [r.name for r in got[p].results] for p in got}
     assert names == {"decide": ["vs mha", "vs dcmha"], "smoke": ["vs mha", "vs dcmha/damcha_repo"]}

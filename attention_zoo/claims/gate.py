@@ -28,8 +28,9 @@ import pandas as pd
 
 NOT_LEARNED = "not_learned"
 # The columns that identify one cell's rows in a flattened store (those present are used).
-CELL_KEYS = ("experiment", "task", "lam", "d_e", "dataset", "setting", "depth", "inference", "model", "variant",
-             "flavor", "arm", "seq_len", "n_pairs", "seed")  # arm, seq_len, n_pairs: the baselines' stand-ins
+CELL_KEYS = ("experiment", "task", "lam", "d_e", "dataset", "setting", "depth", "inference", "model", "d_model",
+             "n_layers", "variant", "flavor", "arm", "seq_len", "n_pairs", "seed")
+# d_model, n_layers: a rung of the scale ladder; arm, seq_len, n_pairs: the baselines' stand-ins
 LOSS_MARGIN, ACC_MARGIN = 0.01, 0.02  # relative to the trivial loss; accuracy as a fraction (2 points)
 EMPTY_AT, DISTINCT_BELOW = 0.5, 0.3
 GENERATED = ("bertscore", "bartscore")  # metric name prefixes that score generated text

@@ -78,6 +78,25 @@ SYNTH = {"smoke": "paper task (Appendix I; our generators); smoke preset: a fixe
 SYNTH_SCALE = "paper preset: ≈ 1.6 GPU-h (docs/paper_scale.md)"
 # The λ claims need a task whose λ axis makes cross-subspace terms harder: the separate-towers MHA (``mha_sep``: no
 # head reads another's subspace before the pooled head) must get worse as λ grows, or they are not decidable.
+# The scale ladder (experiments/scaling): its largest rung (width, depth), where T5.mix is decided at the decide
+# preset, and the arms that get a compute multiplier over MHA.
+LADDER_TOP = (128, 2)
+LADDER_ARMS = ("tha", "dcmha", "colmha", "mma", "moa", "damcha", "mha_pm")
+_LADDER = {"smoke": "stand-in: Shakespeare char-LM ladder, smoke preset (1-layer rungs D 16–48, a pipeline check)",
+           "decide": "stand-in: Shakespeare char-LM ladder, 2-layer rungs D 32–128, 20 tokens per MHA parameter, every "
+                     "arm tuned per rung on lr on validation, 5 seeds at its best; test loss vs training FLOPs to the "
+                     "best checkpoint"}
+_LADDER_SCALE = "scaling curves from 405M to 7B parameters, as the papers fit them: GPU-months"
+
+
+def _multiplier(arm: str) -> Claim:
+    return Claim(f"S.mult_{arm}", f"{arm} reaches MHA's test loss with less training compute (multiplier > 1)",
+                 "issue 54 (the scale axis); the compute-multiplier form of DCFormer, MUDDFormer, DIFF Transformer",
+                 "–", "scaling", "test_loss", "lower", "difference",
+                 (Comparison(f"{arm} vs mha", Arm(arm, {"variant": arm}), MHA),), "Scale axis", _LADDER,
+                 rule="multiplier", margin=1.0, unit="× MHA's training FLOPs", paper_scale=_LADDER_SCALE)
+
+
 LAMBDA_CONTROL = {"positive_control": Arm("mha_sep", {"variant": "mha_sep"}), "positive_over": "lam",
                   "positive_what": "cross-head interaction"}
 
@@ -199,9 +218,15 @@ CLAIMS: tuple[Claim, ...] = (
           "relative", (Comparison("vs mha", DAMCHA, MHA, {}, 1, 5.19),
                        Comparison(VS_DCMHA, DAMCHA, DCMHA_AS_RUN, {}, 1, 3.70)),
           "Table 5", {"smoke": "stand-in: Shakespeare characters (smoke)",
-                      "decide": _DECIDE_SCOPE.format(task="Shakespeare characters, 2-layer 64-wide model"),
+                      "decide": f"stand-in: Shakespeare characters at the largest rung (D = {LADDER_TOP[0]}, "
+                                f"{LADDER_TOP[1]} layers) of the scale ladder (every arm tuned per rung on lr on "
+                                "validation, 5 seeds at its best, 20 tokens per MHA parameter, early stopping on "
+                                "validation; DCMHA in its original form); the smaller rungs are its scale context: "
+                                "S.gap_trend and S.mult_* (results/scaling_decide)",
                       "paper": "enwik8 / text8 / Mix at GPT-2 scale"}, ("paper",),
-          where={"dataset": by_preset(smoke="shakespeare", decide="shakespeare", paper="mix")}, controls=EXPLAINING,
+          where={"dataset": by_preset(smoke="shakespeare", decide="shakespeare", paper="mix"),
+                 "d_model": by_preset(decide=LADDER_TOP[0]), "n_layers": by_preset(decide=LADDER_TOP[1])},
+          controls=EXPLAINING, store=by_preset(decide="scaling", any="table5_gpt2"),
           paper_scale="Table 5 paper preset: 9 runs × 1.64 B tokens, est. ≈ 5.9 GPU-h (≈ 0.74 h on 8 GPUs)"),
     Claim("T6.imagenet", "DAMCHA has the highest top-1 accuracy of MHA, DCMHA and DAMCHA", "Table 6, §5.5, p. 9",
           "70.93 / 89.71 (ep 100), 82.10 / 96.23 (ep 500) top-1 / top-5", "table6_vit", "top1", "higher", "difference",
@@ -294,6 +319,17 @@ CLAIMS: tuple[Claim, ...] = (
                       {"lam": 1.0})),
           "Figure 12", SYNTH, where={"task": "regression"}, paper_scale=SYNTH_SCALE,
           **LAMBDA_CONTROL),
+    # ---- The scale axis (experiments/scaling) ---------------------------------------------------------------------
+    Claim("S.gap_trend", "DAMCHA's gap to MHA closes as training compute grows (what its win at GPT-2 scale needs)",
+          "issue 54; Table 5 (§5.4) claims the win at GPT-2 scale", "−5.19 % vs MHA at GPT-2 scale (Table 5, Mix)",
+          "scaling", "test_loss", "lower", "difference", (Comparison("damcha vs mha", DAMCHA, MHA),), "Scale axis",
+          _LADDER, rule="gap_trend", unit="nats per decade of training FLOPs", paper_scale=_LADDER_SCALE),
+    Claim("DC.compute", "DCMHA matches MHA trained with 1.7–2.0× the compute", "DCFormer (Xiao et al., ICML 2024, "
+          "arXiv 2405.08553), abstract", "≈ 1.7–2.0× compute (405M–6.9B models on the Pile)", "scaling",
+          "test_loss", "lower", "difference", (Comparison("dcmha vs mha", Arm("dcmha", {"variant": "dcmha"}), MHA),),
+          "Scale axis", _LADDER, rule="multiplier", margin=1.7, unit="× MHA's training FLOPs",
+          paper_scale=_LADDER_SCALE, paper_metric="Pile loss vs training compute"),
+    *(_multiplier(arm) for arm in LADDER_ARMS),
 )
 
 

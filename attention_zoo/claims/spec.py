@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 PRESETS = ("smoke", "decide", "paper")
-RULES = ("all", "noninferior", "slope", "analytic")
+RULES = ("all", "noninferior", "slope", "analytic", "multiplier", "gap_trend")
 EFFECTS = ("relative", "difference", "points")
 
 
@@ -90,7 +90,9 @@ class Claim:
     ``noninferior`` — the treatment is no worse than the reference by more than ``margin`` (one-sided test);
     ``slope`` — the per-seed least-squares slope over ``over`` of the effect (or of the treatment's metric when
     the comparison has no reference) has the paper's sign; ``analytic`` — decided by ``analytic`` (a function name
-    in ``verdicts.ANALYTIC``) from formulas and measured counts.
+    in ``verdicts.ANALYTIC``) from formulas and measured counts; ``multiplier`` — the treatment's compute multiplier
+    over the reference at the largest rung of a ladder store against ``margin`` (the multiplier claimed, default 1),
+    ``gap_trend`` — the slope of its gap to the reference over log compute is negative (``claims.scaling``).
     ``scope`` maps presets to what the rows measure there; ``paper_task`` lists the presets whose rows are the
     paper's own task, the only ones where a quoted effect size is compared.
     ``controls``: control arms whose gain over the reference could explain the treatment's.
@@ -109,12 +111,12 @@ class Claim:
     scope: dict
     paper_task: tuple[str, ...] = ()
     rule: str = "all"
-    store: str | None = None  # default: the experiment's name
+    store: str | ByPreset | None = None  # default: the experiment's name (a preset may read another store)
     pair_on: tuple[str, ...] = ("seed",)
     where: dict = field(default_factory=dict)
     controls: tuple[str | Arm, ...] = ()  # a name filters ``variant``; an Arm its own columns (e.g. ``arm``)
     over: str | None = None  # slope rule: the setting column
-    margin: float | None = None  # noninferior rule
+    margin: float | None = None  # noninferior rule; multiplier rule: the multiplier claimed (default 1)
     # ``all`` rule: a comparison that is neither supported nor contradicted is "equivalent" when its interval lies
     # within ±equivalence (effect units; two one-sided tests at its Holm level): the arms do not differ by more
     equivalence: float | None = None
@@ -144,12 +146,18 @@ class Claim:
             raise ValueError(f"claim {self.id}: the analytic rule needs ``analytic``")
 
     def at(self, preset: str) -> Claim:
-        """This claim at ``preset``: its metric and better direction resolved (comparisons resolve their own)."""
-        return replace(self, metric=resolve(self.metric, preset), better=resolve(self.better, preset))
+        """This claim at ``preset``: its metric, better direction and store resolved (comparisons resolve their
+        own)."""
+        return replace(self, metric=resolve(self.metric, preset), better=resolve(self.better, preset),
+                       store=self.store_at(preset))
+
+    def store_at(self, preset: str) -> str:
+        """The store whose rows decide it at ``preset``."""
+        return resolve(self.store, preset) or self.experiment
 
     @property
     def store_name(self) -> str:
-        return self.store or self.experiment
+        return self.store_at("*")
 
     def effect_unit(self, preset: str) -> str:
         if self.unit:

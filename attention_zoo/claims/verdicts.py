@@ -38,7 +38,9 @@ from .data import StoreRows, diverged_units, matches, metric_inputs, metric_rows
 from .effects import arms_rows, budget_curve, budget_movement, cell_costs, comparison_effects, unit_of
 from .gate import apply_gate, arm_failures
 from .ledger import CLAIMS
-from .scrutiny import budget_bound, positive_control, seeds_needed, seeds_to_detect, stand_in  # noqa: F401
+from .scaling import RULES as SCALING_RULES
+from .scaling import decide_claims as scaling_claims
+from .scrutiny import _frac, budget_bound, positive_control, seeds_needed, seeds_to_detect, stand_in  # noqa: F401
 from .spec import RUNNER_UP, Claim, Comparison, base_preset, resolve
 
 ALPHA = 0.05
@@ -196,7 +198,7 @@ def describe(res: Result) -> str:
 
 # ---- one claim -------------------------------------------------------------------------------------------------
 def _claim_frame(claim: Claim, preset: str, rows: StoreRows) -> tuple[pd.DataFrame, dict]:
-    where = {k: resolve(v, preset) for k, v in claim.where.items()}
+    where = {k: v for k, v in ((k, resolve(v, preset)) for k, v in claim.where.items()) if v is not None}
     frame = rows.frame[matches(rows.frame, where)] if where else rows.frame
     return frame, where
 
@@ -243,24 +245,28 @@ def decide(stores: dict[tuple[str, str], StoreRows], claims: tuple[Claim, ...] =
     gated = {key: _gated(rows) for key, rows in stores.items()}
     verdicts: list[Verdict] = []
     partial: list[tuple[Claim, str, StoreRows, list[Result]]] = []
+    ladders: list[tuple[Claim, str, StoreRows]] = []
     for claim in claims:
         if not claim.needs_rows:
             verdicts.append(ANALYTIC[claim.analytic](claim, "any", StoreRows(pd.DataFrame(), None, "", [], []),
                                                      Verdict))
             continue
-        presets = sorted(p for (store, p) in gated if store == claim.store_name)
+        presets = sorted(p for (store, p) in gated if store == claim.store_at(p))
         if not presets:
             first = next(iter(claim.scope))
             verdicts.append(Verdict(claim, first if first != "*" else "smoke", "not run",
                                     note=f"no rows in any `{claim.store_name}.jsonl`"))
             continue
         for preset in presets:
-            rows = gated[(claim.store_name, preset)]
+            rows = gated[(claim.store_at(preset), preset)]
             if claim.rule == "analytic":
                 verdicts.append(ANALYTIC[claim.analytic](claim, preset, rows, Verdict))
+            elif claim.rule in SCALING_RULES:  # a ladder's fits (claims.scaling), Holm-adjusted there
+                ladders.append((claim.at(preset), preset, rows))
             else:
                 at = claim.at(preset)
                 partial.append((at, preset, rows, claim_results(at, preset, rows)))
+    verdicts += scaling_claims(ladders, Verdict)
     pooled = [(c, p, rows, [copy.copy(r) for r in res]) for c, p, rows, res in partial if p == "decide"]
     _holm(partial)
     first_reader: dict[tuple, str] = {}
@@ -289,7 +295,7 @@ def robustness(verdicts: list[Verdict], pooled: list) -> None:
     one = {c.id: finish(c, p, rows, res).kind for c, p, rows, res in pooled}
     runner = {v.claim.id: v.kind for v in verdicts if v.preset == f"decide, {RUNNER_UP}"}
     for v in verdicts:
-        if v.preset == "decide" and v.claim.rule != "analytic":
+        if v.preset == "decide" and v.claim.rule not in ("analytic", *SCALING_RULES):
             v.one_family = _holds(v.kind, one.get(v.claim.id))
             v.runner_up = _holds(v.kind, runner.get(v.claim.id))
 
@@ -388,10 +394,6 @@ def name_stand_in(v: Verdict, original: Claim) -> None:
     v.stand_in = stand_in(original, v.preset)
     if v.stand_in and v.kind in ("supported", "contradicted", "explained by a control", "inconclusive"):
         v.verdict = f"{v.kind} on {v.stand_in}{v.verdict[len(v.kind):]}"
-
-
-def _frac(f: float) -> str:
-    return {0.125: "1/8", 0.25: "1/4", 0.5: "1/2", 1.0: "1"}.get(f, f"{f:g}")
 
 
 __all__ = ["ALPHA", "KINDS", "Result", "Verdict", "decide"]

@@ -5,9 +5,11 @@ measure as a whole (``show_whole``).
 
 A plan lists the cells to run and the finished ones a run would skip (read from the store), the data they need and
 an estimate of the cost: per pending cell, the median training time of finished cells of the same kind (the same
-cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else of the same variant scaled by the steps
-(as measured where the cells record no steps: the synthetic sweeps), else the experiment's calibrated prior
-(``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else the analytic step floor of
+cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else the experiment's own price
+(``Plan.price``: the scale ladder's per-step timings of the arm and rung, or its calibration), else of the same
+variant scaled by the steps (as measured where the cells record no steps: the synthetic sweeps), else the
+experiment's calibrated prior (``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else
+the analytic step floor of
 docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
 paper preset about to train on a CPU gets a warning.
 
@@ -64,11 +66,11 @@ def _steps(cell: dict, default: int | None = None) -> int | None:
     return steps if isinstance(steps, int) and steps > 0 else None
 
 
-def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None, prior=None
-             ) -> tuple[float, dict[str, int]]:
-    """Seconds for ``cells`` and how many cells each source priced (same kind, same variant, the experiment's
-    calibrated ``prior(cell)``, analytic, none); ``steps``: the run's ``--steps`` for cells that do not record
-    theirs."""
+def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None, price=None,
+             prior=None) -> tuple[float, dict[str, int]]:
+    """Seconds for ``cells`` and how many cells each source priced (same kind, the experiment's ``price(cell,
+    records)``, same variant, its calibrated ``prior(cell)``, analytic, none); ``steps``: the run's ``--steps`` for
+    cells that do not record theirs."""
     by_kind, by_variant = {}, {}
     for rec in records:
         s = _seconds(rec)
@@ -76,8 +78,10 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
             by_kind.setdefault(_kind(rec["cell"]), []).append(s)
             by_variant.setdefault(rec["cell"].get("variant"), []).append((s, _steps(rec["cell"])))
     floor = STEP_FLOOR_S.get(name, STEP_FLOOR_S["*"])
-    total, sources = 0.0, {"same kind": 0, "same variant": 0, "calibrated": 0, "analytic": 0, "unknown": 0}
+    total, sources = 0.0, {"same kind": 0, "priced": 0, "same variant": 0, "calibrated": 0, "analytic": 0,
+                           "unknown": 0}
     for c in cells:
+        own = price(c, records) if price is not None and _kind(c) not in by_kind else None
         same, n_steps = by_kind.get(_kind(c)), _steps(c, steps)
         scaled = [s * n_steps / n for s, n in by_variant.get(c.get("variant"), []) if n_steps and n]
         if not n_steps:  # cells that record no steps (the synthetic sweeps: the preset's): its variant as measured
@@ -85,6 +89,9 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
         if same:
             total += statistics.median(same)
             sources["same kind"] += 1
+        elif own is not None:
+            total += own
+            sources["priced"] += 1
         elif scaled:
             total += statistics.median(scaled)
             sources["same variant"] += 1
@@ -101,7 +108,7 @@ def estimate(cells: list[dict], records: list[dict], name: str, steps: int | Non
 
 def _cell_line(cell: dict) -> str:
     keys = ("dataset", "task", "arm", "variant", "flavor", "setting", "lam", "d_e", "seq_len", "n_pairs", "model",
-            "phase", "lr", "weight_decay", "seed")
+            "d_model", "n_layers", "phase", "lr", "weight_decay", "seed")
     return " ".join(f"{k}={cell[k]}" for k in keys if k in cell)
 
 
@@ -134,7 +141,8 @@ def show_plan(plan, args, name: str) -> int:
     done = [c for c in cells if store.is_done(c)]
     todo = [c for c in cells if not store.is_done(c)]
     steps = getattr(args, "steps", None) or getattr(args, "max_steps", None)
-    seconds, sources = estimate(todo, store.records(every_context=True), name, steps, getattr(plan, "prior", None))
+    seconds, sources = estimate(todo, store.records(every_context=True), name, steps, getattr(plan, "price", None),
+                                getattr(plan, "prior", None))
     priced = ", ".join(f"{n} {k}" for k, n in sources.items() if n)
     unknown = (f"; {sources['unknown']} cell(s) without an estimate: no finished cell of their kind and no step "
                f"count (docs/paper_scale.md sizes the paper presets)" if sources["unknown"] else "")
@@ -143,6 +151,8 @@ def show_plan(plan, args, name: str) -> int:
              *_section("would run", todo), *_section("would skip (finished)", done), _data_line(args, cells),
              f"estimate: {seconds:.0f} s of training for {len(todo)} cell(s) ({priced or 'nothing to run'}; "
              f"{sum(any(c in todo for c in u) for u in plan.units)} unit(s), up to {plan.workers} at a time)"
+             + (f"; {seconds / 3600:.2f} CPU-h, ≈ {seconds / 3600 / plan.workers:.2f} h on {plan.workers} workers"
+                if seconds >= 3600 else "")
              + unknown,
              *_cpu_warning(args)]
     print("\n".join(lines))

@@ -69,6 +69,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                presets=("smoke", "decide")),
     Experiment("masked_lm", "mlm", "Masked character LM: the baselines' masked-LM claims and sweeps",
                presets=("smoke", "decide")),
+    Experiment("scaling", "scaling", "The scale axis: compute multipliers on a char-LM ladder",
+               presets=("smoke", "decide"), module="ladder"),
 )}
 
 
@@ -83,6 +85,8 @@ class Plan:
     workers: int = 1
     worker_init: Callable[[], None] | None = None
     describe: Callable[[list[dict]], str] = field(default=lambda unit: f"{len(unit)} cell(s)")
+    # the dry run's price of a cell no stored cell of its kind prices: (cell, store records) -> seconds or None
+    price: Callable[[dict, list[dict]], float | None] | None = None
     # the dry run's price (seconds) of a cell that no finished cell of its kind or variant has timed: an experiment's
     # calibrated seconds per step × its expected steps (None: no prior; the analytic step floor applies)
     prior: Callable[[dict], float | None] | None = None

@@ -39,6 +39,7 @@ class Section:
     claims: tuple[str, ...] = ()  # ids of the claims its rows decide (their verdicts are listed in the section)
     optional: bool = False  # made by another all.py preset (decide): "not run" when absent, never "missing"
     about: str = ""  # what the section's stand-ins are and where they stop (the baselines' papers)
+    made_by: str = "python reproduce/all.py --preset decide"  # the command that makes an optional section
 
 
 SECTIONS = (
@@ -97,6 +98,12 @@ SECTIONS = (
             ("benchmark.png", "benchmark_memory.png")),
     *(Section(name, title, folder, md, (), claims=claims, optional=True, about=about)
       for name, title, folder, md, claims, about in PAPER_SECTIONS),
+    Section("Scale axis", "compute multipliers on a char-LM ladder (smoke preset)", "scaling", "scaling.md",
+            ("scaling_loss_vs_compute.png", "scaling_multipliers.png"), claims=("S.", "DC.compute")),
+    Section("Scale axis (decide)", "compute multipliers on the char-LM ladder, every arm tuned per rung",
+            "scaling_decide", "scaling.md", ("scaling_loss_vs_compute.png", "scaling_multipliers.png"),
+            claims=("S.", "DC.compute", "T5."), optional=True,
+            made_by="python reproduce/scaling.py --preset decide --out results/scaling_decide"),
 )
 
 
@@ -258,7 +265,7 @@ def _section_lines(results: Path, sec: Section, record: dict, seen_md: set, verd
     verdict_lines = ["Verdicts (details in the table at the top):", ""] + [
         f"- `{v.claim.id}` [{v.preset}]: **{v.verdict}** — {v.ours}" for v in mine] + [""] if mine else []
     if sec.optional and not folder.is_dir():  # a paper's section still lists the verdicts other stores or formulas give
-        return out + [f"Not run: made by `python reproduce/all.py --preset decide` (folder `{sec.script}/`).", "",
+        return out + [f"Not run: made by `{sec.made_by}` (folder `{sec.script}/`).", "",
                       *(verdict_lines if sec.about else [])]
     if section_modules(sec):
         out += [freshness_line(folder, record, sec.script, section_modules(sec), probes=probes,

@@ -65,6 +65,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "benchmark": ["--variants", "*", "--flavor", "both", "--repeats", "15"],  # 5 rounds left IQRs of 30 %
         "train_speed": ["--seeds", "10", "--steps", "20", "--rounds", "5", "--shapes", "regression:1",
                         "classification:20"],
+        "scaling": ["--variants", "mha,dcmha,damcha,mha_pm"],  # its smoke ladder's core arms
     },
     "decide": {name: [] for name in DECIDE},
     "paper": {
@@ -89,6 +90,7 @@ SCRIPT_ARGS: dict[str, dict[str, list[str]]] = {
         "table4_ablation": ["--datasets", "digits", *_TINY_GEN],
         "table6_vit": ["--variants", "mha,damcha", "--flavour", "paper", "--steps", "2", "--eval-batches", "1"],
         "appendix_fgh": ["--steps", "4"],
+        "scaling": ["--variants", "mha,damcha", "--rungs", "16", "24"],
         "rowsum_analysis": ["--sections", "gradient_identity,equivalence"],  # the others: 300 steps, B=4 T=512
         "benchmark": ["--variants", "mha,damcha", "--batch", "1", "--seq-len", "16", "--d-model", "16", "--heads",
                       "2", "--layers", "1", "--warmup", "0", "--repeats", "1"],
