@@ -99,10 +99,14 @@ def test_the_forest_plot_is_drawn_and_linked(built):
             assert r.low > 0, r.label
 
 
-def test_the_leaderboard_names_its_command_until_a_ladder_ran(built):
+def test_the_leaderboard_shows_the_ladder_or_names_its_command(built):
     _, verdicts, lines = built
-    if not any(v.claim.id.startswith("S.mult_") for v in verdicts):
+    text = "\n".join(lines)
+    if any(v.claim.id.startswith("S.mult_") for v in verdicts):
+        assert "| arm | verdict | preset |" in text and "Not run yet" not in text
+    else:
         assert f"Not run yet: `{SCALE_COMMAND}`." in lines
+    assert "Not run yet" in "\n".join(leaderboard_markdown([v for v in verdicts if not v.claim.id.startswith("S.")]))
 
 
 def test_the_leaderboard_reads_every_rung_of_a_multiplier_verdict():

@@ -32,6 +32,8 @@ GROUPS = (("damcha", DAMCHA_PREFIXES), *((paper, (prefix,)) for paper, prefix in
 OTHER = "other"
 SCALE_COMMAND = "python reproduce/scaling.py --preset decide --out results/scaling_decide"
 MULT_PREFIX = "S.mult_"
+LADDER_RULES = ("multiplier", "gap_trend")  # claims.scaling's rules: one verdict text, its headline first
+LADDER_WORDS = ((" at the largest rung ", " at the top rung "), (" nats per decade of FLOPs", " nats/decade of FLOPs"))
 # one rung of a multiplier claim's "every rung (FLOPs)" text (claims.scaling.multiplier_text writes it)
 RUNG = re.compile(r"(D\d+×\d+): (\S+) \[(\S+), (\S+)\]( \(extrapolated\))?")
 
@@ -79,7 +81,13 @@ def effect_parts(v: Verdict) -> tuple[str, str]:
     if r is None:
         if v.kind == "not run":
             return "", "no rows yet"
-        return "", v.ours if v.ours not in ("", "–") else v.verdict[len(v.kind):].lstrip(": ")
+        if v.ours in ("", "–"):
+            return "", v.verdict[len(v.kind):].lstrip(": ")
+        # a ladder's verdict: its headline reading only ("… multiplier 112 [1.4, ∞] at the largest rung D48×1, n = 2")
+        head = re.sub(r" \(n = (\d+); [^)]*\)", r", n = \1", v.ours)
+        for long, short in LADDER_WORDS:
+            head = head.replace(long, short)
+        return "", head.split("; ")[0] if v.claim.rule in LADDER_RULES else head
     more = f" ({v.results.index(r) + 1}/{len(v.results)})" if len(v.results) > 1 else ""
     if not r.test.n:
         return r.name, "no rows"

@@ -10,6 +10,7 @@ from ..claims.summary import READING, forest_frame, leaderboard_markdown, summar
 from ..plots.verdicts import forest_plot
 
 FIGURE = "verdicts.png"
+LADDERS = ("scaling_decide", "scaling")  # the scale axis' folders, the deciding preset first: its multiplier figure
 
 
 def summary_section(results: str | Path, verdicts: list) -> list[str]:
@@ -24,8 +25,10 @@ def summary_section(results: str | Path, verdicts: list) -> list[str]:
         figure.unlink(missing_ok=True)
     else:
         forest_plot(frame, figure)
+    ladder = [f"![multipliers]({f.relative_to(results)})" for f in
+              (results / folder / "scaling_multipliers.png" for folder in LADDERS) if f.is_file()][:1]
     return ["## Summary", "", READING, "", *summary_markdown(verdicts, FIGURE if not frame.empty else None),
-            *leaderboard_markdown(verdicts)]
+            *leaderboard_markdown(verdicts), *(ladder + [""] if ladder else [])]
 
 
 __all__ = ["FIGURE", "summary_section"]
