@@ -8,6 +8,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from attention_zoo.claims import get_claim, verdicts_for
@@ -147,3 +148,7 @@ def test_bad_input_names_the_argument(tmp_path):
         forest_plot(forest_frame([]), tmp_path / "x.png")
     with pytest.raises(ValueError, match="results"):
         summary_section(tmp_path / "absent", [])
+    nan_row = {"label": "x", "kind": "inconclusive", "effect": float("nan"), "low": 0.0, "high": 1.0, "unit": "pts",
+               "mde": 1.0, "relative": False, "paper": float("nan")}
+    with pytest.raises(ValueError, match="frame"):
+        forest_plot(pd.DataFrame([nan_row]), tmp_path / "x.png")

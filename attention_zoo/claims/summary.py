@@ -229,12 +229,15 @@ def forest_frame(verdicts: list[Verdict]) -> pd.DataFrame:
         r = deciding(line.verdict)
         if r is None or r.test.method != "t" or r.diverged or r.gate or not math.isfinite(r.interval[0]):
             continue
+        relative = r.unit.startswith("%") and "per unit" not in r.unit
+        if not relative and not (math.isfinite(r.mde) and r.mde > 0):  # no MDE to standardise it by: not drawn
+            continue
         d = r.direction
         lo, hi = sorted((d * r.interval[0], d * r.interval[1]))
         label = line.verdict.claim.id + (f" (+{len(line.folded)})" if line.folded else "") + f": {r.name}"
         rows.append({"label": label, "group": TITLES[line.group], "kind": line.verdict.kind, "effect": d * r.test.mean,
                      "low": lo, "high": hi, "unit": r.unit, "n": r.test.n, "mde": r.mde,
-                     "relative": r.unit.startswith("%") and "per unit" not in r.unit,
+                     "relative": relative,
                      "paper": d * r.comp.paper_effect if r.comp.paper_effect is not None else math.nan})
     return pd.DataFrame(rows, columns=["label", "group", "kind", "effect", "low", "high", "unit", "n", "mde",
                                        "relative", "paper"])

@@ -26,6 +26,8 @@ def _panels(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str]]:
     other = frame[~frame["relative"].astype(bool)].copy()
     for col in ("effect", "low", "high", "paper"):
         other[col] = other[col] / other["mde"].abs()
+    finite = ["effect", "low", "high"]  # a row without finite numbers has no place on an axis
+    rel, other = (f[np.isfinite(f[finite].to_numpy(float)).all(axis=1)] for f in (rel, other))
     out = []
     if not rel.empty:
         out.append(("effects in % of the reference arm's metric", rel,
@@ -46,6 +48,8 @@ def forest_plot(frame: pd.DataFrame, path: str | Path) -> Path:
         raise ValueError(f"frame: missing columns {missing}")
     figures, _ = _plt()
     panels = _panels(frame)
+    if not panels:
+        raise ValueError("frame: no row with a finite effect and interval")
     heights = [len(p[1]) + 2.5 for p in panels]
     fig, axes = figures.subplots(len(panels), 1, figsize=(WIDTH_IN, ROW_IN * sum(heights) + 0.8),
                                  gridspec_kw={"height_ratios": heights}, squeeze=False)
