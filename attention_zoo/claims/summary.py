@@ -119,7 +119,7 @@ def _scale_facts(v: Verdict) -> list[str]:
 def stand_in_text(v: Verdict) -> str:
     """What the verdict was decided on, and at what scale: "digits MSE for CIFAR-10 FID@Top-50, 600 steps"."""
     if v.kind == "not run":
-        return f"`{v.claim.store_name}` store, preset {v.preset}"
+        return f"`{v.claim.store_at(v.preset)}` store, preset {v.preset}"
     if v.preset == "any" or (not v.results and not v.scope):
         return "computed (formulas, counts)"
     what = v.stand_in.replace(" (stand-in for ", " for ").rstrip(")") if v.stand_in else ""
@@ -157,8 +157,18 @@ def summary_lines_of(verdicts: list[Verdict]) -> list[Line]:
     return list(lines.values())
 
 
+def _w(text: str) -> int:
+    """A text's width against the row budget: its UTF-8 bytes (≥ its characters), so a row holds the budget by
+    either count (λ, ≤ and … take two or three bytes)."""
+    return len(text.encode())
+
+
 def _cut(text: str, room: int) -> str:
-    return text if len(text) <= room else text[: max(room - 1, 0)].rstrip() + "…"
+    if _w(text) <= room:
+        return text
+    while text and _w(text) > room - _w("…"):
+        text = text[:-1]
+    return text.rstrip() + "…"
 
 
 def _cell(text: str) -> str:
@@ -166,27 +176,27 @@ def _cell(text: str) -> str:
 
 
 def summary_row(line: Line) -> str:
-    """The markdown source row, at most MAX_ROW characters. Compressed in this order until it fits: the stand-in
-    loses the paper's task it stands for (the full table names it), the comparison's name is shortened, then the
-    stand-in, then the effect are cut; the paper, the id and the verdict word are never cut."""
+    """The markdown source row, at most MAX_ROW characters (and UTF-8 bytes). Compressed in this order until it fits:
+    the stand-in loses the paper's task it stands for (the full table names it), the comparison's name is shortened,
+    then the stand-in, then the effect are cut; the paper, the id and the verdict word are never cut."""
     v = line.verdict
     ids = f"`{v.claim.id}`" + (f" (+{', '.join(line.folded)})" if line.folded else "")
     word = f"**{v.kind}**"
     name, number = (_cell(x) for x in effect_parts(v))
     where = _cell(stand_in_text(v))
-    room = MAX_ROW - len(f"| {SHORT[line.group]} | {ids} | {word} |  |  |")
+    room = MAX_ROW - _w(f"| {SHORT[line.group]} | {ids} | {word} |  |  |")
 
     def effect() -> str:
         return f"{name} {number}" if name else number
 
-    if len(effect()) + len(where) > room and " for " in where:
+    if _w(effect()) + _w(where) > room and " for " in where:
         what, _, rest = where.partition(" for ")
         where = ", ".join([what, *rest.split(", ")[1:]])
-    if len(effect()) + len(where) > room and name:
-        name = _cut(name, max(room - len(where) - len(number) - 1, 12))
-    if len(effect()) + len(where) > room:
-        where = _cut(where, max(room - len(effect()), min(len(where), 30)))
-    return f"| {SHORT[line.group]} | {ids} | {word} | {_cut(effect(), room - len(where))} | {where} |"
+    if _w(effect()) + _w(where) > room and name:
+        name = _cut(name, max(room - _w(where) - _w(number) - 1, 12))
+    if _w(effect()) + _w(where) > room:
+        where = _cut(where, max(room - _w(effect()), min(_w(where), 30)))
+    return f"| {SHORT[line.group]} | {ids} | {word} | {_cut(effect(), room - _w(where))} | {where} |"
 
 
 def count_line(title: str, lines: list[Line]) -> str:
