@@ -276,7 +276,8 @@ def leaderboard_markdown(verdicts: list[Verdict]) -> list[str]:
     return head + ["Each arm's compute multiplier over MHA (the compute MHA needs for the arm's loss ÷ the arm's "
                    "compute; > 1: the arm needs less) with its bootstrap interval, at each rung of the ladder "
                    "(D width × layers); ᵉ: read off MHA's curve outside its measured range.", "",
-                   markdown_table(board.fillna("–")), ""]
+                   markdown_table(board.fillna("–")).rstrip("\n"), ""] + (
+        [] if (board["preset"] == "decide").any() else [f"The deciding ladder is not run yet: `{SCALE_COMMAND}`.", ""])
 
 
 __all__ = ["GROUPS", "MAX_ROW", "READING", "TITLES", "Line", "count_line", "deciding", "effect_text",
