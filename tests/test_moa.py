@@ -264,7 +264,7 @@ def test_cpu_expert_stream_matches_grouped_gemm_and_per_expert_loop(monkeypatch,
     # The CPU streams one expert at a time; off the CPU float32/bf16 run torch's grouped GEMM (offsets on the device,
     # no host sync) and the rest the per-expert loop. All three on the CPU here: same values and gradients, up to
     # float32 rounding, and the float64 stream is the reference.
-    from attention_zoo.variants import moa
+    from attention_zoo.variants import moa_experts as moa
 
     m, pad = make("paper", causal), padding()
     x = torch.randn(B, T, D, dtype=torch.float64)

@@ -3,7 +3,7 @@ it to zeros, with the same float32 bits as the summed form."""
 
 import torch
 
-from attention_zoo.variants import moa
+from attention_zoo.variants import moa_experts as moa
 
 
 def _summed(grad, inp, w, pos, offs, k_in, k_out):  # the previous form: zero fill, then index_add_
