@@ -135,3 +135,14 @@ def test_runner_up_cells_run_at_the_second_best_setting_and_wait_with_the_finals
     assert [c["seed"] for c in runner] == [5, 6] and {(c["lr"], c["weight_decay"]) for c in runner} == {(2e-3, 0.0)}
     assert Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0, 0.1), tune_seeds=(0, 1), seeds=(5,)).describe().endswith(
         "(a two-value axis: its edge flag says little), 2 tuning seeds, 1 final seeds")
+
+
+def test_provenance_keeps_the_key_of_stores_made_before_the_later_fields():
+    base = Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0,), tune_seeds=(1000, 1001), seeds=(0, 1, 2))
+    key = base.provenance()
+    assert "seeds" not in key and "extend" not in key and "runner_up_seeds" not in key  # neutral: left out
+    assert key["lrs"] == (1e-3, 2e-3) and key["tune_seeds"] == (1000, 1001)
+    wider = Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0,), tune_seeds=(1000, 1001), seeds=(0, 1, 2), extend=1,
+                   runner_up_seeds=(0, 1))
+    assert wider.provenance()["extend"] == 1 and wider.provenance()["runner_up_seeds"] == (0, 1)  # a new store
+    assert Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0,), tune_seeds=(1000, 1001), seeds=(5,)).provenance() == key

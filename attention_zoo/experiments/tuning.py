@@ -33,7 +33,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 PHASES = ("tune", "tuned", "shared", "runner_up")
 HPARAMS = ("lr", "weight_decay")
@@ -68,6 +68,12 @@ class Tuning:
     shared: dict | None = field(default=None)
     extend: int = 0  # steps an arm's grid may grow beyond an edge its best sits on, per axis and direction
     runner_up_seeds: tuple[int, ...] = ()  # final seeds at each arm's second-best setting (phase "runner_up")
+
+    def provenance(self) -> dict:
+        """The part of a store's key: the grid and its rules, not the final seeds (a run of fewer seeds shares the
+        store). Fields added later are left out at their neutral value, so stores made before them keep their key."""
+        neutral = {"extend": 0, "runner_up_seeds": ()}
+        return {k: v for k, v in asdict(self).items() if k != "seeds" and not (k in neutral and v == neutral[k])}
 
     def __post_init__(self):
         object.__setattr__(self, "lrs", _positive_tuple("lrs", self.lrs, allow_zero=False))

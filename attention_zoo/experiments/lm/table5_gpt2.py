@@ -159,7 +159,7 @@ def _setup(args, info: DistInfo):
                           selection=("datasets", "keep_checkpoints", "download", "data_dir", "train", "jobs",
                                      "ensemble"),
                           train_config=result_identity(cfg.to_dict()), preset=asdict(preset),
-                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}),
+                          **({"tuning": tuning.provenance()} if tuning else {}),
                           **({"budget_fracs": BUDGET_FRACS[args.preset]} if args.preset in BUDGET_FRACS else {}))
     return preset, datasets, cfg, final_batches, pairs, Path(args.out), env, context
 

@@ -110,7 +110,7 @@ def _context_kw(args) -> dict:
     preset, cfg, tuning = _setup(args)
     return dict(selection=(*SELECTION, "train", "steps"), train_config=result_identity(cfg.to_dict()),
                 preset=asdict(preset),
-                **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}))
+                **({"tuning": tuning.provenance()} if tuning else {}))
 
 
 def _context(args) -> dict:

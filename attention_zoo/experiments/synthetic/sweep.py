@@ -275,7 +275,7 @@ def staged_plan(args) -> tuple[Plan, int]:
     # --workers and --no-ensemble only change how cells are spread over processes and grouped: same numbers
     store = open_store(args, NAME, device, env, selection=("lambdas", "de", "task", "workers", "ensemble"),
                        preset=asdict(preset),
-                       **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"}} if tuning else {}))
+                       **({"tuning": tuning.provenance()} if tuning else {}))
     if tuning is not None:
         cells = build_cells(args, preset, args.preset, tuning, store.records())
     waiting = [c for c in cells if is_waiting(c)]

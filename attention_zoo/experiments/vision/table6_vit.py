@@ -170,7 +170,7 @@ def _setup(args, info: DistInfo):
     context = run_context(args, info.device,
                           selection=("keep_checkpoints", "download", "data_dir", "epochs", "train", "jobs", "ensemble"),
                           preset=asdict(preset), train_overrides=result_identity(overrides),
-                          **({"tuning": {k: v for k, v in asdict(tuning).items() if k != "seeds"},
+                          **({"tuning": tuning.provenance(),
                               "holdout": VAL_HOLDOUT[args.preset], "patience_epochs": PATIENCE_EPOCHS[args.preset],
                               "budget_fracs": BUDGET_FRACS[args.preset]}
                              if tuning else {}))
