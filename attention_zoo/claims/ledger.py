@@ -91,7 +91,8 @@ _LADDER_SCALE = "scaling curves from 405M to 7B parameters, as the papers fit th
 
 def _multiplier(arm: str) -> Claim:
     return Claim(f"S.mult_{arm}", f"{arm} reaches MHA's test loss with less training compute (multiplier > 1)",
-                 "issue 54 (the scale axis); the compute-multiplier form of DCFormer, MUDDFormer, DIFF Transformer",
+                 "docs/scaling.md (the scale axis); the compute-multiplier form of DCFormer, MUDDFormer, "
+                 "DIFF Transformer",
                  "–", "scaling", "test_loss", "lower", "difference",
                  (Comparison(f"{arm} vs mha", Arm(arm, {"variant": arm}), MHA),), "Scale axis", _LADDER,
                  rule="multiplier", margin=1.0, unit="× MHA's training FLOPs", paper_scale=_LADDER_SCALE)
@@ -321,7 +322,8 @@ CLAIMS: tuple[Claim, ...] = (
           **LAMBDA_CONTROL),
     # ---- The scale axis (experiments/scaling) ---------------------------------------------------------------------
     Claim("S.gap_trend", "DAMCHA's gap to MHA closes as training compute grows (what its win at GPT-2 scale needs)",
-          "issue 54; Table 5 (§5.4) claims the win at GPT-2 scale", "−5.19 % vs MHA at GPT-2 scale (Table 5, Mix)",
+          "docs/scaling.md; Table 5 (§5.4) claims the win at GPT-2 scale",
+          "−5.19 % vs MHA at GPT-2 scale (Table 5, Mix)",
           "scaling", "test_loss", "lower", "difference", (Comparison("damcha vs mha", DAMCHA, MHA),), "Scale axis",
           _LADDER, rule="gap_trend", unit="nats per decade of training FLOPs", paper_scale=_LADDER_SCALE),
     Claim("DC.compute", "DCMHA matches MHA trained with 1.7–2.0× the compute", "DCFormer (Xiao et al., ICML 2024, "

@@ -1,4 +1,5 @@
-"""The baselines' own headline claims (issue 55): Talking-Heads Attention (``THA.``), DCFormer (``DC.``), collaborative
+"""The baselines' own headline claims (docs/claims.md §7): Talking-Heads Attention (``THA.``), DCFormer (``DC.``),
+collaborative
 heads (``COL.``), Mixture of Attention Heads (``MOA.``) and MMA (``MMA.``), as data.
 
 Each paper is one Holm family (``family``), which may span stores. A paper's number is given only where it was

@@ -1,4 +1,5 @@
-"""The one-minute reading of the verdicts (issue 56): one line per claim grouped by paper, a count line per paper,
+"""The one-minute reading of the verdicts (docs/results.md, "Reading the report"): one line per claim grouped by paper,
+a count line per paper,
 the rows of the forest plot, the compute-multiplier leaderboard and how to read them. Every number comes from the
 verdict objects (``Verdict.results``: each comparison's mean, interval at its Holm level, unit and n); nothing is
 typed here but words."""

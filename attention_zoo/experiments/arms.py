@@ -1,4 +1,5 @@
-"""Arms of the baselines' stand-ins (issue 55): a variant with its options on a backbone with its overrides, and the
+"""Arms of the baselines' stand-ins (docs/experiments.md §11): a variant with its options on a backbone with its
+overrides, and the
 matched MHA controls whose feed-forward width is solved to equal another arm's parameters or FLOPs.
 
 An ``ArmSpec`` names what a cell trains: ``label`` (the ``arm`` column every row carries, and the name the claims

@@ -1,4 +1,5 @@
-"""The report's sections on the baselines' own papers (issue 55): one per paper, naming its claims, the stand-ins that
+"""The report's sections on the baselines' own papers (docs/claims.md §7): one per paper, naming its claims, the
+stand-ins that
 decide them and their limits; the MQAR and masked-LM sections; and the MQAR capability table that opens the report's
 summary, read from the stored rows (``mqar.report.capability``)."""
 

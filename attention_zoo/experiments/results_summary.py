@@ -1,4 +1,5 @@
-"""The summary that opens ``results/README.md`` (issue 56): how to read the report, one line per claim grouped by
+"""The summary that opens ``results/README.md`` (docs/results.md, "Reading the report"): how to read the report, one
+line per claim grouped by
 paper, the forest plot ``verdicts.png`` and the compute-multiplier leaderboard. The words and numbers come from
 ``claims.summary``; the figure from ``plots.verdicts`` (the two layers meet here, above both)."""
 

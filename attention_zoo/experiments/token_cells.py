@@ -15,6 +15,7 @@ writes the rows every cell stores:
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,28 +33,26 @@ from .arms import build_decoder, model_costs
 from .ensemble_units import ensemble_columns, unit_tag
 
 
-class TokenTask:
+class TokenTask(ABC):
     """What a family gives for one cell: ``vocab_size``, ``seq_len``, ``causal``; ``sampler(seed, batch_size)``
     (training batches addressable by step); ``val_sets()`` (``{name: fn(limit) -> batches}``, the early-stopping and
-    tuning score); ``loss_fn(batch, output)`` (the engine's: the training loss under autograd, the validation score
-    inside ``evaluate``); ``score(model, split)`` (the final rows of a split) and ``reference_rows()`` (the trivial
-    predictor's rows, stored beside the test scores)."""
+    tuning score); ``loss_fn(batch, output)`` (an attribute set by the family: the engine's loss, the training loss
+    under autograd and the validation score inside ``evaluate``); ``score(model, split)`` (the final rows of a split)
+    and ``reference_rows()`` (the trivial predictor's rows, stored beside the test scores)."""
 
     vocab_size: int
     seq_len: int
     causal: bool = True
+    loss_fn: Callable[[tuple, object], torch.Tensor]
 
-    def sampler(self, seed: int, batch_size: int) -> Callable[[int], tuple]:
-        raise NotImplementedError
+    @abstractmethod
+    def sampler(self, seed: int, batch_size: int) -> Callable[[int], tuple]: ...
 
-    def val_sets(self) -> dict[str, Callable[[int | None], Iterable[tuple]]]:
-        raise NotImplementedError
+    @abstractmethod
+    def val_sets(self) -> dict[str, Callable[[int | None], Iterable[tuple]]]: ...
 
-    def loss_fn(self, batch, output) -> torch.Tensor:
-        raise NotImplementedError
-
-    def score(self, model, split: str) -> list[dict]:
-        raise NotImplementedError
+    @abstractmethod
+    def score(self, model, split: str) -> list[dict]: ...
 
     def reference_rows(self) -> list[dict]:
         return []

@@ -1,4 +1,5 @@
-"""The scale axis (issue 54): each arm's test loss against its training compute on a ladder of model sizes, on the
+"""The scale axis (docs/scaling.md): each arm's test loss against its training compute on a ladder of model sizes, on
+the
 character-LM stand-in of Table 5 (the embedded Shakespeare characters, the same tokeniser, splits, decoder,
 training loop and evaluation: ``experiments.charlm``), so that every arm gets a compute multiplier over MHA with an
 interval and DAMCHA's gap to MHA gets a trend with compute (``fit.py``, ``claims/scaling.py``).
