@@ -222,3 +222,29 @@ def test_a_store_made_before_fingerprints_ages_by_its_code_and_says_so(scratch, 
     lines = _freshness(repo)
     assert all(line.startswith("**Older than its code:**") and "made before fingerprints existed" in line
                and "bytes only" in line for line in lines.values()), lines
+
+
+def test_the_index_probes_a_changed_section_up_to_its_first_difference_only(tmp_path):
+    """compute_pending (the index's parallel precomputation) stops where ``check`` stops: a store of six arms whose
+    recorded probes all differ from the code costs one probe per worker, not six; ``check`` then finds them cached."""
+    from attention_zoo.experiments import fingerprint_records as fr
+
+    arms = [{"preset": "smoke", "task": "regression", "lam": lam, "d_e": 8, "variant": "mha", "flavor": "paper",
+             "attention_options": "{}"} for lam in (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)]
+    store = tmp_path / "synthetic.jsonl"
+    store.write_text(json.dumps({"kind": "run", "run_id": "r1", "context": {"options": {"preset": "smoke"}}}) + "\n"
+                     + "".join(json.dumps({"cell_id": f"c{i}", "run_id": "r1", "cell": a}) + "\n"
+                               for i, a in enumerate(arms)))
+    recorded = [["rows", [["planted.value", 123.0]]]]  # what no probe of today's code gives
+    fr.record_path(store).write_text(json.dumps({"version": fp.VERSION, "rtol": fp.RTOL, "experiment": "synthetic",
+                                                 "runs": {"r1": {"arms": [{"arm": a, "probes": recorded}
+                                                                          for a in arms]}}}))
+    cache = tmp_path / "cache"
+    jobs = fr.pending(store, "digest", cache)
+    assert len(jobs) == 1
+    fr.compute_pending(jobs, workers=2)
+    assert 1 <= len(list(cache.glob("*.json"))) <= 2
+    assert fr.pending(store, "digest", cache) == [], "the first arm is cached: nothing left for the index to precompute"
+    result = fr.check(store, "digest", cache)
+    assert result.state == "differs" and result.arms == 1, result
+    assert len(list(cache.glob("*.json"))) <= 2

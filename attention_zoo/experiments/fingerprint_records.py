@@ -129,8 +129,10 @@ def _cache_key(experiment: str, arm: dict, options: dict, code_digest: str) -> s
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def check(store: Path, code_digest: str, cache_dir: Path | None = None) -> Check:
-    """Compare every owning run's recorded probes with the probes of the code in this process."""
+def check(store: Path, code_digest: str, cache_dir: Path | None = None, part: tuple[int, int] = (0, 1)) -> Check:
+    """Compare every owning run's recorded probes with the probes of the code in this process, arm by arm, up to the
+    first that differs. ``part`` (k, n): only every n-th arm from the k-th (``compute_pending`` splits a store's
+    probes between its workers so)."""
     exp, recs = experiment_of(store), read_records(store)
     sr = store_runs(store)
     owners = [rid for rid, cells in sr.cells.items() if cells]
@@ -138,10 +140,13 @@ def check(store: Path, code_digest: str, cache_dir: Path | None = None) -> Check
     if missing:
         return Check("unrecorded", f"{len(missing)} of its {len(owners)} run(s) recorded no fingerprint (made before "
                                    "fingerprints existed)")
-    n = 0
+    n, i = 0, -1
     for rid in owners:
         entry, options = recs["runs"][rid], _options(sr.runs.get(rid, {}))
         for item in entry.get("arms") or []:
+            i += 1
+            if i % part[1] != part[0]:
+                continue
             arm, stored = item["arm"], item["probes"]
             now = _cached(exp, arm, options, code_digest, cache_dir)
             why = fp.difference(stored, now)
@@ -176,39 +181,46 @@ def _cached(experiment: str, arm: dict, options: dict, code_digest: str, cache_d
 
 
 def pending(store: Path, code_digest: str, cache_dir: Path) -> list[tuple]:
-    """The (experiment, arm, options, digest, cache dir) probes ``check`` would compute for ``store`` (none cached)."""
+    """``[(store, digest, cache dir)]`` when ``check`` would compute a probe for ``store`` (it reaches an arm not
+    cached before one that differs), else []. One unit per store: ``compute_pending`` walks it as ``check`` does,
+    so a section whose behaviour changed costs a probe per worker, not one per arm."""
     exp, recs, sr = experiment_of(store), read_records(store), store_runs(store)
     if recs is None:
         return []
-    out = []
     for rid, cells in sr.cells.items():
         entry = recs["runs"].get(rid) if cells else None
         for item in (entry or {}).get("arms") or []:
             options = _options(sr.runs.get(rid, {}))
-            if _read_cached(_cache_file(cache_dir, exp, item["arm"], options, code_digest)) is None:
-                out.append((exp, item["arm"], options, code_digest, str(cache_dir)))
-    return list({json.dumps(j, sort_keys=True, default=str): j for j in out}.values())
+            now = _read_cached(_cache_file(cache_dir, exp, item["arm"], options, code_digest))
+            if now is None:
+                return [(str(store), code_digest, str(cache_dir))]
+            if fp.difference(item["probes"], now):
+                return []
+    return []
 
 
-def _compute(jobs: list[tuple]) -> int:
-    for exp, arm, options, digest, cache_dir in jobs:
-        _cached(exp, arm, options, digest, Path(cache_dir))
-    return len(jobs)
+def _settle(job: tuple) -> str:
+    store, digest, cache_dir, part = job
+    return check(Path(store), digest, Path(cache_dir), part).state  # computes and caches its probes
 
 
 def compute_pending(jobs: list[tuple], workers: int = 2) -> None:
-    """Compute probes into the cache, in ``workers`` fresh processes (spawned: each imports the package anew)."""
+    """Run ``check`` on the stores of ``jobs`` (from ``pending``) so their probes are cached before the index reads
+    them, in ``workers`` fresh processes (spawned: each imports the package anew). Each store's arms are shared
+    between the workers (every ``workers``-th arm to one), each worker stopping at its first arm that differs: a
+    section whose behaviour changed costs a probe or two, one whose code changed alone costs its arms / workers."""
     if not jobs:
         return
-    if workers <= 1 or len(jobs) == 1:
-        _compute(jobs)
+    if workers <= 1:
+        for store, digest, cache_dir in jobs:
+            _settle((store, digest, cache_dir, (0, 1)))
         return
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    shares = [jobs[i::workers] for i in range(workers)]
+    units = [(*job, (k, workers)) for job in jobs for k in range(workers)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        for f in [pool.submit(_compute, share) for share in shares if share]:
+        for f in [pool.submit(_settle, unit) for unit in units]:
             f.result()
 
 
