@@ -45,3 +45,19 @@ def test_train_throughput_needs_a_task_and_checks_its_output(tmp_path, capsys):
     assert exc.value.code == 2  # the synthetic mode has no --d-models: --task selects the stand-ins' mode
     assert bench.main(["train", "--task", "lm", "--plot", str(tmp_path / "t.xyz"), "--procs", ""]) == 2
     assert "error: plot:" in capsys.readouterr().err
+
+
+def test_the_figure_draws_each_arm_in_the_house_palette(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from attention_zoo.experiments.efficiency.train_throughput_report import plot
+    from attention_zoo.plots.style import variant_colour
+
+    rows = [{"task": "lm", "variant": v, "d_model": d, "path": path, "status": "ok", "tok_per_cpu_s": 1e4 * d,
+             "gemm_fraction": 0.3} for v in ("mha", "damcha") for d in (32, 64) for path in ("one", "ensemble")]
+    rows += [{"task": "lm", "variant": v, "d_model": 64, "path": "2 processes x 1 thread", "status": "ok",
+              "tok_per_wall_s": 1e5} for v in ("mha", "damcha")]
+    fig = plot(pd.DataFrame(rows), ["lm"], tmp_path / "t.png")
+    lines = fig.axes[0].get_lines()
+    assert [to_hex(ln.get_color()) for ln in lines] == [variant_colour(ln.get_label().split(" ")[0]) for ln in lines]
+    assert {to_hex(b.get_facecolor()) for b in fig.axes[2].patches} == {variant_colour("mha"), variant_colour("damcha")}

@@ -14,12 +14,26 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..engine import TrainConfig, parse_overrides
 from .arms import PAPERS, ArmSpec, arm_fields
 from .common import ListAction, positive_int
 from .ensemble_units import add_ensemble_argument
 from .tuning import Tuning, tuned_cells
 
 SELECTION = ("arms", "paper", "jobs", "ensemble")  # flags that pick cells or say how they run: not provenance
+
+
+def preset_setup(args, presets: dict, tunings: dict) -> tuple:
+    """(preset, TrainConfig, Tuning or None) of ``args.preset``: the preset's recipe with ``--train`` and ``--steps``
+    over it (progress bars off), and its tuning grid on ``--seeds`` when they are given."""
+    preset = presets[args.preset]
+    overrides = {**preset.train, **parse_overrides(args.train), "progress": False}
+    if args.steps is not None:
+        overrides["max_steps"] = args.steps
+    tuning = tunings.get(args.preset)
+    if tuning is not None and args.seeds is not None:
+        tuning = replace(tuning, seeds=tuple(args.seeds))
+    return preset, TrainConfig.from_dict(overrides), tuning
 
 
 def add_arm_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...measure.gemm import GEMM_N
+from ...plots.style import variant_colour
 from ...report import markdown_table
 from .throughput_shapes import PRESET_WIDTH, SHAPES, STEP_PATHS
 
@@ -78,9 +79,10 @@ def to_markdown(df: pd.DataFrame, env: dict, task: str) -> str:
     return md + "\n"
 
 
-def plot(df: pd.DataFrame, tasks: list[str], path: Path) -> None:
+def plot(df: pd.DataFrame, tasks: list[str], path: Path):
     """One row per task: units per CPU-second against the width (one at a time, ensemble, compiled) per arm; the
-    share of the GEMM rate; the machine's two cores (two processes vs two threads)."""
+    share of the GEMM rate; the machine's two cores (two processes vs two threads). Each arm in the house palette
+    (``plots.style.variant_colour``). Returns the figure, saved to ``path``."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -91,7 +93,7 @@ def plot(df: pd.DataFrame, tasks: list[str], path: Path) -> None:
             unit = SHAPES[task].unit
             ok = df[(df["status"] == "ok") & (df["task"] == task)]
             step, procs = ok[ok["path"].isin(STEP_PATHS)], ok[~ok["path"].isin(STEP_PATHS)]
-            colors = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(step["variant"]))}
+            colors = {v: variant_colour(v) for v in dict.fromkeys(ok["variant"])}  # the house palette
             widths = sorted(step["d_model"].unique())
             for (v, kind), g in step.groupby(["variant", "path"], sort=False):
                 g = g.sort_values("d_model")
@@ -110,7 +112,7 @@ def plot(df: pd.DataFrame, tasks: list[str], path: Path) -> None:
             if len(procs):
                 labels = [f"{r.variant}\n{r.path}" for r in procs.itertuples()]
                 axes[2].bar(range(len(procs)), procs[f"{unit}_per_wall_s"],
-                            color=[colors.get(v, "C7") for v in procs["variant"]])
+                            color=[colors[v] for v in procs["variant"]])
                 axes[2].set_xticks(range(len(procs)), labels, fontsize=6)
                 axes[2].set(ylabel=f"{unit} per wall-second", title=f"{task}: the machine's two cores")
             else:
@@ -118,5 +120,6 @@ def plot(df: pd.DataFrame, tasks: list[str], path: Path) -> None:
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
+    return fig
 
 

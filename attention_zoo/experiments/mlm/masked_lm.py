@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ...engine import TrainConfig, parse_overrides, result_identity
+from ...engine import result_identity
 from ...envinfo import environment_record, resolve_device
 from ..arm_plan import (
     SELECTION,
     add_arm_arguments,
     arm_label,
+    preset_setup,
     prior_seconds,
     resolve_matches,
     select_arms,
@@ -57,15 +58,7 @@ def build_parser():
 
 
 def _setup(args):
-    preset = PRESETS[args.preset]
-    overrides = {**preset.train, **parse_overrides(args.train), "progress": False}
-    if args.steps is not None:
-        overrides["max_steps"] = args.steps
-    cfg = TrainConfig.from_dict(overrides)
-    tuning = TUNING.get(args.preset)
-    if tuning is not None and args.seeds is not None:
-        tuning = replace(tuning, seeds=tuple(args.seeds))
-    return preset, cfg, tuning
+    return preset_setup(args, PRESETS, TUNING)
 
 
 @functools.lru_cache(maxsize=4)

@@ -13,8 +13,8 @@ import pandas as pd
 from ... import report
 from ...claims import frame_verdicts, verdict_markdown
 from ...results import ResultStore
-from ..arm_plan import arm_label
-from ..tuning import Tuning, calibration_lines, report_lines
+from ..token_report import final_frame, stopping
+from ..tuning import Tuning, calibration_lines
 
 NAME = "masked_lm"
 SIZE = ("params", "attention_params", "fwd_flops")
@@ -51,27 +51,11 @@ def balance(df: pd.DataFrame) -> pd.DataFrame:
             .rename(columns=lambda c: c.replace("expert_load_", "")))
 
 
-def stopping(df: pd.DataFrame) -> str:
-    steps = df[df["metric"] == "steps_run"]
-    if steps.empty or "max_steps" not in steps:
-        return ""
-    stopped = (steps["value"] < steps["max_steps"]).mean()
-    return (f"Early stopping ended {100 * stopped:.0f} % of the {len(steps)} final cells before their step limit "
-            f"(steps run: median {steps['value'].median():.0f}, range {steps['value'].min():.0f}–"
-            f"{steps['value'].max():.0f} of {int(steps['max_steps'].max())}).")
-
-
 def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, tuning: Tuning | None = None) -> list:
-    df = store.frame()
-    env = store.environment(env, df)
+    df, env, tuned = final_frame(store, env, tuning)
     if df.empty:
-        return []
-    tuned = []
-    if tuning is not None:
-        tuned = report.table_blocks(report_lines(tuning, store.records(), arm_label))
-        df = df[df["phase"] == "tuned"].copy() if "phase" in df else df.iloc[:0]
-    if df.empty:
-        print("\n".join(tuned))
+        if tuned:  # a tuned preset whose finals wait: its grid so far
+            print("\n".join(tuned))
         return []
     table = quality(df)
     verdicts = frame_verdicts(NAME, preset_name, df, store.path, store.context_id)

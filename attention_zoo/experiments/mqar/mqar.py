@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ...data.mqar import MQARSpec
-from ...engine import TrainConfig, parse_overrides, result_identity
+from ...engine import result_identity
 from ...envinfo import environment_record, resolve_device
-from ..arm_plan import SELECTION, add_arm_arguments, arm_label, prior_seconds, select_arms, setting_cells
+from ..arm_plan import SELECTION, add_arm_arguments, arm_label, preset_setup, prior_seconds, select_arms, setting_cells
 from ..common import base_parser, experiment_main, open_store, run_context, setup_threads
 from ..ensemble_units import ensemble_on, ensemble_units
 from ..protocol import Plan, add_launcher_arguments, default_workers, execute
@@ -58,15 +58,7 @@ def build_parser():
 
 
 def _setup(args):
-    preset = PRESETS[args.preset]
-    overrides = {**preset.train, **parse_overrides(args.train), "progress": False}
-    if args.steps is not None:
-        overrides["max_steps"] = args.steps
-    cfg = TrainConfig.from_dict(overrides)
-    tuning = TUNING.get(args.preset)
-    if tuning is not None and args.seeds is not None:
-        tuning = replace(tuning, seeds=tuple(args.seeds))
-    return preset, cfg, tuning
+    return preset_setup(args, PRESETS, TUNING)
 
 
 def _seeds(args, preset, tuning):

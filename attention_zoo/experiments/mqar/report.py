@@ -5,43 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from ... import report
 from ...claims import frame_verdicts, verdict_markdown
 from ...io import atomic_write_csv, atomic_write_text
 from ...results import ResultStore
-from ..arm_plan import arm_label
 from ..results_index_papers import capability
-from ..tuning import Tuning, calibration_lines, report_lines
+from ..token_report import final_frame, stopping
+from ..tuning import Tuning, calibration_lines
 
 NAME = "mqar"
 RUNG = ("seq_len", "n_pairs")
 
 
-def stopping(df: pd.DataFrame) -> str:
-    """How the final cells ended: the share that early stopping ended before the step limit, and the steps run."""
-    steps = df[df["metric"] == "steps_run"]
-    if steps.empty or "max_steps" not in steps:
-        return ""
-    stopped = (steps["value"] < steps["max_steps"]).mean()
-    return (f"Early stopping ended {100 * stopped:.0f} % of the {len(steps)} final cells before their step limit "
-            f"(steps run: median {steps['value'].median():.0f}, range {steps['value'].min():.0f}–"
-            f"{steps['value'].max():.0f} of {int(steps['max_steps'].max())}).")
-
-
 def write_report(out: Path, store: ResultStore, env: dict, preset_name: str, tuning: Tuning | None = None
                  ) -> list:
-    df = store.frame()
-    env = store.environment(env, df)
+    df, env, tuned = final_frame(store, env, tuning)
     if df.empty:
-        return []
-    tuned = []
-    if tuning is not None:
-        tuned = report.table_blocks(report_lines(tuning, store.records(), arm_label))
-        df = df[df["phase"] == "tuned"].copy() if "phase" in df else df.iloc[:0]
-    if df.empty:
-        print("\n".join(tuned))
+        if tuned:  # a tuned preset whose finals wait: its grid so far
+            print("\n".join(tuned))
         return []
     cap = capability(df)
     verdicts = frame_verdicts(NAME, preset_name, df, store.path, store.context_id)
