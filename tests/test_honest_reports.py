@@ -281,13 +281,15 @@ def test_cpu_timing_keeps_freed_memory_unless_opted_out_and_the_record_says_whic
             "print(json.dumps([environment_record()['cpu_malloc_retained'], padded, kept, freed()]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     retained, padded_mib, freed_mib, freed_after_mib = json.loads(out.stdout.strip().splitlines()[-1])
-    assert freed_after_mib > 256  # the scope restored glibc's default
+    # the scope restored glibc's default: the freed 256 MiB block goes back to the kernel (the 64 MiB one may be
+    # served from the heap's free space and stay; measured 256.004 or 320 MiB, ~0 while memory is kept)
+    assert freed_after_mib > 192, (retained, padded_mib, freed_mib, freed_after_mib)
     if setting == "0":
         assert retained is False and padded_mib < 32  # no pad
-        assert freed_mib > 256  # 64 + 256 MiB returned to the kernel at once
+        assert freed_mib > 192, freed_mib  # the 256 MiB block (and the 64 MiB one, if mapped) returned at once
     else:
-        assert retained is True and padded_mib > 230  # the 256 MiB pad stays resident
-        assert freed_mib < 16  # still resident, for the next step's buffers
+        assert retained is True and padded_mib > 230, padded_mib  # the 256 MiB pad stays resident
+        assert freed_mib < 16, freed_mib  # still resident, for the next step's buffers
 
 
 def test_a_tuned_figure_names_each_arms_setting_and_its_reference(tmp_path, monkeypatch):
