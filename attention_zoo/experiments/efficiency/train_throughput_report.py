@@ -110,7 +110,7 @@ def plot(df: pd.DataFrame, tasks: list[str], path: Path):
                 ax.minorticks_off()
             axes[0].legend(fontsize=6, ncol=2)
             if len(procs):
-                labels = [f"{r.variant}\n{r.path}" for r in procs.itertuples()]
+                labels = ["\n".join([r.variant, *r.path.split(" x ")]) for r in procs.itertuples()]  # narrow bars
                 axes[2].bar(range(len(procs)), procs[f"{unit}_per_wall_s"],
                             color=[colors[v] for v in procs["variant"]])
                 axes[2].set_xticks(range(len(procs)), labels, fontsize=6)
