@@ -106,3 +106,28 @@ def test_table4_decide_ensemble_equals_one_at_a_time(tmp_path, monkeypatch):
     grouped, one = (_values(tmp_path / d / "table4_ablation.jsonl") for d in ("g", "one"))
     _same(grouped, one)
     assert {v[1] for v in grouped.values()} == {2}
+
+
+def test_text_cells_fall_back_to_one_at_a_time_and_say_why(tmp_path, monkeypatch):
+    """Text batches are padded to their own longest pair, so members' batches differ in length and cannot be stacked:
+    a Table 1 concepts unit trains one cell at a time (it failed the whole unit before) and its rows say why."""
+    from attention_zoo.data.sampling import IndexSampler
+    from attention_zoo.data.seq2seq import Seq2SeqSampler
+    from attention_zoo.engine.ensemble import EnsembleUnsupported
+    from attention_zoo.engine.members import check_samplers
+    from attention_zoo.experiments.generation import decide
+    from attention_zoo.experiments.generation import table1_generation as t1
+
+    assert IndexSampler.fixed_shape and not Seq2SeqSampler.fixed_shape
+    with pytest.raises(EnsembleUnsupported, match="Seq2SeqSampler"):
+        check_samplers([Seq2SeqSampler.__new__(Seq2SeqSampler)])
+    monkeypatch.setattr(decide, "TUNING", Tuning(lrs=(1e-3, 4e-3), weight_decays=(0.0,), tune_seeds=(1000,),
+                                                 seeds=(0, 1)))
+    argv = ["--preset", "decide", "--datasets", "concepts", "--variants", "mha", "--seeds", "0", "1", "--steps", "3",
+            "--train", "eval_every=2", "--eval-samples", "8", "--jobs", "1", "--quiet", "--ensemble",
+            "--out", str(tmp_path)]
+    assert _main(t1.main, argv) == 0
+    got = _values(tmp_path / "table1_generation.jsonl")
+    assert got and {v[1] for v in got.values()} == {1}
+    reasons = {v[2] for v in got.values()}
+    assert len(reasons) == 1 and "differ in length" in reasons.pop()

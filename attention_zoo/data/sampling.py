@@ -9,6 +9,10 @@ class IndexSampler:
     """Batch ``step`` holds global positions ``step·B … step·B+B−1`` of an endless stream of epochs, each epoch a
     permutation seeded by ``(seed, epoch)``: the data position is the step, so resumption is exact."""
 
+    # Every batch has one shape (a seed ensemble can stack its members' batches); a sampler whose batches are padded
+    # to their own longest row says False, and its members train one at a time (``engine.members.check_samplers``).
+    fixed_shape = True
+
     def __init__(self, n: int, batch_size: int, seed: int = 0):
         for arg, v in (("n", n), ("batch_size", batch_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

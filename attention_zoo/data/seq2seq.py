@@ -271,6 +271,8 @@ def lm_batch(packed: Packed) -> tuple[Tensor, Tensor, Tensor]:
 class Seq2SeqSampler(IndexSampler):
     """``sampler(step) -> (inputs, padding_mask, targets)``, position-addressable like the image samplers."""
 
+    fixed_shape = False  # each batch is padded to its own longest pair
+
     def __init__(self, encoded: list[EncodedPair], tokenizer, batch_size: int, seed: int = 0):
         super().__init__(len(encoded), batch_size, seed)
         self.encoded, self.tokenizer = encoded, tokenizer

@@ -57,6 +57,7 @@ from .members import (  # noqa: F401
     _member_losses,
     _seed_major,
     check_deterministic,
+    check_samplers,
     evaluate_members,
     group_for_training,
     member_outputs,
@@ -181,12 +182,14 @@ def train_grouped(models: list[nn.Module], members: list[Member], cfg: TrainConf
     grouped model of ``models`` (``group_for_training``), else it is grouped here.
 
     Raises:
-        EnsembleUnsupported: the models cannot be grouped.
+        EnsembleUnsupported: the models cannot be grouped, or the members' batches cannot be stacked
+            (``check_samplers``).
         ValueError: members and models differ in number, ``grad_accum`` that does not divide a member's batch,
             bad ``budget_fracs`` (as ``train``).
     """
     if len(models) != len(members) or not members:
         raise ValueError(f"members: {len(members)} members for {len(models)} models")
+    check_samplers([m.sampler for m in members])
     budget_steps = _budget_steps(budget_fracs, budget_score, eval_sets, cfg.max_steps)
     device, out_dir, eval_sets = torch.device(device), Path(out_dir), eval_sets or {}
     net = (grouped if grouped is not None else group_models(models)).to(device)

@@ -50,6 +50,19 @@ def group_for_training(models: list[nn.Module], probe: tuple) -> nn.Module:
     return grouped
 
 
+def check_samplers(samplers: list) -> None:
+    """Refuse members whose batches can differ in shape from one another (a sampler with ``fixed_shape = False``:
+    text padded to each batch's longest row): their batches cannot be stacked seed-major.
+
+    Raises:
+        EnsembleUnsupported: naming the sampler.
+    """
+    for smp in samplers:
+        if not getattr(smp, "fixed_shape", True):
+            raise EnsembleUnsupported(f"sampler: {type(smp).__name__} pads each batch to its own longest row, so "
+                                      "the members' batches differ in length and cannot be stacked")
+
+
 def _seed_major(batches: list[Batch]) -> Batch:
     return tuple(torch.cat(parts) for parts in zip(*batches))
 

@@ -32,7 +32,7 @@ from ...engine import discard_run, load_checkpoint, train
 from ...engine.checkpoint import strip_prefixes
 from ...engine.distributed import DistInfo
 from ...engine.ensemble import EnsembleUnsupported
-from ...engine.grouped import Member, group_for_training, train_grouped
+from ...engine.grouped import Member, check_samplers, group_for_training, train_grouped
 from ...envinfo import set_seed
 from ...measure.flops import analytic_flops
 from ...measure.params import count_params
@@ -126,6 +126,7 @@ def train_cells_grouped(ctx: Context, unit: list[dict], options: dict | None = N
                       c["weight_decay"] if "phase" in c else cfg.weight_decay, data.sampler(cfg.batch_size, c["seed"]),
                       ctx.run_dir(c), {"cell": c}) for c in unit]
     try:
+        check_samplers([m.sampler for m in members])  # text batches differ in length: one at a time
         grouped = group_for_training(models, tuple(t[:2] for t in members[0].sampler(0)[:-1]))
     except EnsembleUnsupported as exc:
         return None, str(exc)
