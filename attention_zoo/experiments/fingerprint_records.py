@@ -129,6 +129,14 @@ def _cache_key(experiment: str, arm: dict, options: dict, code_digest: str) -> s
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def _recorded_arms(recs: dict | None, sr: StoreRuns):
+    """(run id, arm, its recorded probes, the run's options) of every run that owns cells, in the store's order."""
+    for rid, cells in sr.cells.items():
+        entry = recs["runs"].get(rid) if cells and recs is not None else None
+        for item in (entry or {}).get("arms") or []:
+            yield rid, item["arm"], item["probes"], _options(sr.runs.get(rid, {}))
+
+
 def check(store: Path, code_digest: str, cache_dir: Path | None = None, part: tuple[int, int] = (0, 1)) -> Check:
     """Compare every owning run's recorded probes with the probes of the code in this process, arm by arm, up to the
     first that differs. ``part`` (k, n): only every n-th arm from the k-th (``compute_pending`` splits a store's
@@ -140,21 +148,16 @@ def check(store: Path, code_digest: str, cache_dir: Path | None = None, part: tu
     if missing:
         return Check("unrecorded", f"{len(missing)} of its {len(owners)} run(s) recorded no fingerprint (made before "
                                    "fingerprints existed)")
-    n, i = 0, -1
-    for rid in owners:
-        entry, options = recs["runs"][rid], _options(sr.runs.get(rid, {}))
-        for item in entry.get("arms") or []:
-            i += 1
-            if i % part[1] != part[0]:
-                continue
-            arm, stored = item["arm"], item["probes"]
-            now = _cached(exp, arm, options, code_digest, cache_dir)
-            why = fp.difference(stored, now)
-            n += 1
-            if why:
-                label = "/".join(str(arm[k]) for k in ("dataset", "task", "model", "variant", "flavor", "setting",
-                                                       "phase") if arm.get(k) is not None)
-                return Check("differs", f"arm `{label}` (run `{rid}`): {why}", n)
+    n = 0
+    for i, (rid, arm, stored, options) in enumerate(_recorded_arms(recs, sr)):
+        if i % part[1] != part[0]:
+            continue
+        why = fp.difference(stored, _cached(exp, arm, options, code_digest, cache_dir))
+        n += 1
+        if why:
+            label = "/".join(str(arm[k]) for k in ("dataset", "task", "model", "variant", "flavor", "setting",
+                                                   "phase") if arm.get(k) is not None)
+            return Check("differs", f"arm `{label}` (run `{rid}`): {why}", n)
     return Check("equal", f"{n} arm(s) probed", n)
 
 
@@ -185,17 +188,12 @@ def pending(store: Path, code_digest: str, cache_dir: Path) -> list[tuple]:
     cached before one that differs), else []. One unit per store: ``compute_pending`` walks it as ``check`` does,
     so a section whose behaviour changed costs a probe per worker, not one per arm."""
     exp, recs, sr = experiment_of(store), read_records(store), store_runs(store)
-    if recs is None:
-        return []
-    for rid, cells in sr.cells.items():
-        entry = recs["runs"].get(rid) if cells else None
-        for item in (entry or {}).get("arms") or []:
-            options = _options(sr.runs.get(rid, {}))
-            now = _read_cached(_cache_file(cache_dir, exp, item["arm"], options, code_digest))
-            if now is None:
-                return [(str(store), code_digest, str(cache_dir))]
-            if fp.difference(item["probes"], now):
-                return []
+    for _, arm, stored, options in _recorded_arms(recs, sr):
+        now = _read_cached(_cache_file(cache_dir, exp, arm, options, code_digest))
+        if now is None:
+            return [(str(store), code_digest, str(cache_dir))]
+        if fp.difference(stored, now):
+            return []
     return []
 
 
