@@ -8,10 +8,10 @@ an estimate of the cost: per pending cell, the median training time of finished 
 cell but for its seed; rows carry ``train_cpu_s`` or ``train_time_s``), else the experiment's own price
 (``Plan.price``: the scale ladder's per-step timings of the arm and rung, or its calibration), else of the same
 variant scaled by the steps (as measured where the cells record no steps: the synthetic sweeps), else the
-experiment's calibrated prior (``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else
-the analytic step floor of
-docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic models) times the cell's steps. A
-paper preset about to train on a CPU gets a warning.
+experiment's calibrated prior (``Plan.prior``: its measured CPU seconds per step × the cell's expected steps), else,
+for an arm never run yet, the median over the other arms (on the same data and task) of that same-variant price,
+else the analytic step floor of docs/paper_scale.md (15 ms per optimizer step on a GPU, 5 ms for the synthetic
+models) times the cell's steps. A paper preset about to train on a CPU gets a warning.
 
 A dry run checks every argument as the run does (the launcher's settings while parsing, a whole-run script's own
 checks through ``run_whole(..., check)``), and downloads, extracts and writes nothing: data that is not on disk ends
@@ -61,6 +61,10 @@ def _kind(cell: dict) -> str:
     return json.dumps({k: v for k, v in cell.items() if k != "seed"}, sort_keys=True, default=str)
 
 
+def _task(cell: dict) -> tuple:
+    return cell.get("dataset"), cell.get("task")
+
+
 def _steps(cell: dict, default: int | None = None) -> int | None:
     steps = cell.get("steps", cell.get("max_steps")) or default
     return steps if isinstance(steps, int) and steps > 0 else None
@@ -69,35 +73,46 @@ def _steps(cell: dict, default: int | None = None) -> int | None:
 def estimate(cells: list[dict], records: list[dict], name: str, steps: int | None = None, price=None,
              prior=None) -> tuple[float, dict[str, int]]:
     """Seconds for ``cells`` and how many cells each source priced (same kind, the experiment's ``price(cell,
-    records)``, same variant, its calibrated ``prior(cell)``, analytic, none); ``steps``: the run's ``--steps`` for
-    cells that do not record theirs."""
-    by_kind, by_variant = {}, {}
+    records)``, same variant, its calibrated ``prior(cell)``, the other arms, analytic, none); ``steps``: the run's
+    ``--steps`` for cells that do not record theirs."""
+    by_kind, by_variant, by_task = {}, {}, {}
     for rec in records:
         s = _seconds(rec)
         if s is not None:
             by_kind.setdefault(_kind(rec["cell"]), []).append(s)
             by_variant.setdefault(rec["cell"].get("variant"), []).append((s, _steps(rec["cell"])))
+            by_task.setdefault(_task(rec["cell"]), {}).setdefault(rec["cell"].get("variant"), []).append(
+                (s, _steps(rec["cell"])))
     floor = STEP_FLOOR_S.get(name, STEP_FLOOR_S["*"])
-    total, sources = 0.0, {"same kind": 0, "priced": 0, "same variant": 0, "calibrated": 0, "analytic": 0,
-                           "unknown": 0}
+    total, sources = 0.0, {"same kind": 0, "priced": 0, "same variant": 0, "calibrated": 0, "other arms": 0,
+                           "analytic": 0, "unknown": 0}
+
+    def scaled(timed: list[tuple[float, int | None]], n_steps: int | None) -> list[float]:
+        if not n_steps:  # cells that record no steps (the synthetic sweeps: the preset's): as measured
+            return [s for s, n in timed if not n]
+        return [s * n_steps / n for s, n in timed if n]
+
     for c in cells:
         own = price(c, records) if price is not None and _kind(c) not in by_kind else None
         same, n_steps = by_kind.get(_kind(c)), _steps(c, steps)
-        scaled = [s * n_steps / n for s, n in by_variant.get(c.get("variant"), []) if n_steps and n]
-        if not n_steps:  # cells that record no steps (the synthetic sweeps: the preset's): its variant as measured
-            scaled = [s for s, n in by_variant.get(c.get("variant"), []) if not n]
+        mine = scaled(by_variant.get(c.get("variant"), []), n_steps)
+        others = [statistics.median(x) for v, timed in by_task.get(_task(c), {}).items() if v != c.get("variant")
+                  if (x := scaled(timed, n_steps))] if not mine else []
         if same:
             total += statistics.median(same)
             sources["same kind"] += 1
         elif own is not None:
             total += own
             sources["priced"] += 1
-        elif scaled:
-            total += statistics.median(scaled)
+        elif mine:
+            total += statistics.median(mine)
             sources["same variant"] += 1
         elif prior is not None and (priced := prior(c)) is not None:
             total += priced
             sources["calibrated"] += 1
+        elif others:  # an arm never run yet: the median arm's price of the same task and steps
+            total += statistics.median(others)
+            sources["other arms"] += 1
         elif n_steps:
             total += n_steps * floor
             sources["analytic"] += 1
