@@ -1,7 +1,10 @@
 """Tuning parity (experiments/tuning.py): the grid is chosen on validation only, per-member learning rates and
 weight decays in one ensemble equal separate runs, and the decide presets declare their grids and arms."""
 
+import functools
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -146,3 +149,71 @@ def test_provenance_keeps_the_key_of_stores_made_before_the_later_fields():
                    runner_up_seeds=(0, 1))
     assert wider.provenance()["extend"] == 1 and wider.provenance()["runner_up_seeds"] == (0, 1)  # a new store
     assert Tuning(lrs=(1e-3, 2e-3), weight_decays=(0.0,), tune_seeds=(1000, 1001), seeds=(5,)).provenance() == key
+
+
+# ---- stages overlap: an arm's finals start when its tuning is stored, not when every arm's is ----------------------
+def _staged_work(unit, marker):
+    """A unit of the planted staged run. Arm A's tuning ends at once; arm B's tuning waits (up to 20 s) until a final
+    cell of arm A has started, and records whether it saw one: only a run whose stages overlap lets it."""
+    import time
+    from pathlib import Path
+
+    c = unit[0]
+    if c["phase"] == "tuned" and c["arm"] == "A":
+        Path(marker).touch()
+    saw = None
+    if c["phase"] == "tune" and c["arm"] == "B":
+        deadline = time.monotonic() + 20
+        while not Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        saw = Path(marker).exists()
+    return [[{"metric": "val_loss", "value": 1.0, "unit": "", "pid": os.getpid(), "saw_a_final": saw}] for _ in unit]
+
+
+def _staged_plan_of(store, marker, workers, work=None):
+    import functools
+
+    from attention_zoo.experiments.protocol import Plan
+
+    def plan_of():
+        tuned = {r["cell"]["arm"] for r in store.records() if r["cell"]["phase"] == "tune"}
+        cells = [{"arm": a, "phase": "tune", "seed": 0} for a in "AB"]
+        cells += [{"arm": a, "phase": "tuned", "seed": s} for a in sorted(tuned) for s in (0, 1)]
+        fn = work or functools.partial(_staged_work, marker=marker)
+        return Plan(store, [[c] for c in cells if not store.is_done(c)], fn, lambda: 0, workers=workers), \
+            2 * (2 - len(tuned))
+
+    return plan_of
+
+
+def _run_stages(tmp_path, workers, work=None):
+    from argparse import Namespace
+
+    from attention_zoo.experiments.tuning import execute_stages
+    from attention_zoo.results import ResultStore
+
+    store = ResultStore(tmp_path, "staged", {"options": {}})
+    marker = str(tmp_path / "a-final-started")
+    code = execute_stages(_staged_plan_of(store, marker, workers, work),
+                          Namespace(dry_run=False, launcher="local", quiet=True), "staged")
+    store.refresh()
+    return code, {json.dumps(r["cell"], sort_keys=True): r["rows"][0] for r in store.records()}
+
+
+def test_a_tuned_arms_finals_start_while_another_arm_still_tunes(tmp_path):
+    code, rows = _run_stages(tmp_path, workers=2)
+    assert code == 0 and len(rows) == 6  # 2 tuning cells + 2 finals per arm
+    b_tune = rows[json.dumps({"arm": "B", "phase": "tune", "seed": 0}, sort_keys=True)]
+    assert b_tune["saw_a_final"] is True  # the old barrier: A's finals waited for B's tuning (False after 20 s)
+
+
+def test_one_worker_runs_every_stage_in_one_pass_and_a_different_work_function_keeps_the_barrier(tmp_path):
+    from attention_zoo.experiments.tuning import same_work
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a-final-started").touch()  # one worker runs B's tuning before any final: nothing to wait for
+    code, rows = _run_stages(tmp_path / "one", workers=1)
+    assert code == 0 and len(rows) == 6
+    assert same_work(functools.partial(_staged_work, marker="m"), functools.partial(_staged_work, marker="m"))
+    assert not same_work(functools.partial(_staged_work, marker="m"), functools.partial(_staged_work, marker="n"))
+    assert not same_work(_staged_work, functools.partial(_staged_work, marker="m"))

@@ -140,18 +140,23 @@ class LocalLauncher:
     a fresh pool, which pins the one that dies again; the others, and every unit not started yet, run and are
     stored as usual."""
 
-    def run(self, units: list[list[dict]], plan):
-        if plan.workers <= 1 or len(units) <= 1:
+    refills = True  # takes ``more`` (protocol.execute): units that become plannable while it runs
+
+    def run(self, units: list[list[dict]], plan, more=None):
+        if plan.workers <= 1 or len(units) <= 1 and more is None:
             if plan.worker_init is not None:
                 plan.worker_init()
-            for unit in units:
-                out = _call(plan.work, unit)
+            queue = list(units)
+            while queue or more is not None and (queue := more()):
+                out = _call(plan.work, queue.pop(0))
                 yield out
                 if out[2] == "interrupted":
                     return
             return
         method = "fork" if sys.platform == "linux" else "spawn"
         work = [(u, False) for u in units]  # (unit, alone): a suspect of a broken pool runs with nothing beside it
+        if not work and more is not None:
+            work = [(u, False) for u in more()]
         stopped = False
         while work and not stopped:
             with ProcessPoolExecutor(plan.workers, mp_context=get_context(method), initializer=_init_worker,
@@ -184,6 +189,11 @@ class LocalLauncher:
                             broken = _fill(pool, work, live, plan)
                             procs = list((getattr(pool, "_processes", None) or {}).values()) or procs
                         yield from ready
+                        if ready and more is not None and not (work or broken or stopped):
+                            # stored now: the units these made plannable start on the workers they freed
+                            work += [(u, False) for u in more()]
+                            broken = _fill(pool, work, live, plan)
+                            procs = list((getattr(pool, "_processes", None) or {}).values()) or procs
                     finished = True
                 finally:  # on Ctrl-C the finished units are stored; running ones checkpoint, queued ones are dropped
                     if not finished:

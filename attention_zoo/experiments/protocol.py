@@ -119,8 +119,14 @@ LAUNCH_OPTIONS = ("launcher", "slurm_partition", "slurm_gpus_per_task", "slurm_t
                   "slurm_extra", "slurm_retries", "submitit_cluster")
 
 
-def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
+def execute(plan: Plan, args: argparse.Namespace, name: str,
+            more: Callable[[], list[list[dict]]] | None = None) -> int:
     """Run the plan's pending units on the chosen launcher, store their rows, then ``plan.finish()``.
+
+    ``more`` (a staged run, ``tuning.execute_stages``): called after a unit is stored while no unit waits to start;
+    it returns the units that have become plannable (the arms whose tuning was just stored), to run with
+    ``plan.work``. Their cells not done, not in flight and claimable join the run, so a worker that would idle
+    until the stage ends takes them up. Launchers without ``refills`` (submitit) ignore it.
 
     Returns the exit code: 130 when interrupted (the finished units are stored; rerun to continue), 1 when a unit
     failed for good (recorded as ``error`` rows by the cluster launcher, or left for a rerun locally: the same code
@@ -139,8 +145,21 @@ def execute(plan: Plan, args: argparse.Namespace, name: str) -> int:
     bar = tqdm(total=n_cells, initial=n_cells - sum(len(u) for u in todo), desc=name,
                disable=getattr(args, "quiet", False), unit="cell")
     failed, interrupted = [], False
+    busy = {store.key(c) for u in todo for c in u}  # claimed by this run and not stored yet
+
+    def more_units() -> list[list[dict]]:
+        new = [[c for c in unit if store.key(c) not in busy and store.claim(c)] for unit in more()]
+        new = [u for u in new if u]
+        busy.update(store.key(c) for u in new for c in u)
+        todo.extend(new)
+        bar.total += sum(len(u) for u in new)
+        bar.refresh()
+        return new
+
+    refill = {"more": more_units} if more is not None and getattr(launcher, "refills", False) else {}
     try:
-        for unit, rows, err in launcher.run(todo, plan):
+        for unit, rows, err in launcher.run(todo, plan, **refill):
+            busy.difference_update(store.key(c) for c in unit)
             if rows is None:
                 for c in unit:
                     store.release(c)

@@ -29,6 +29,7 @@ Presets that do not tune never carry ``phase``, so their stores keep their keys.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -273,19 +274,37 @@ def execute_stages(plan_of: Callable[[], tuple[object, int]], args, name: str) -
     """Run a tuned preset in stages: ``plan_of()`` builds a fresh ``protocol.Plan`` from the store and says how many
     final cells still wait for their arm's tuning; each stage runs what is plannable, until nothing waits (or
     nothing more can appear: an arm whose every grid point diverged). The report runs once, at the last stage. A
-    dry run prints the first plan, whose ``units`` price the waiting cells too."""
+    dry run prints the first plan, whose ``units`` price the waiting cells too.
+
+    Stages overlap where the launcher allows (``protocol.execute``'s ``more``): when a stored unit finishes an arm's
+    tuning while no unit waits to start, its final cells (or its grid's extension) start at once on the worker it
+    freed, instead of waiting for every other arm's tuning to end."""
     from .protocol import execute
 
     plan, waiting = plan_of()
+
+    def more() -> list[list[dict]]:  # units of a later stage, computed by this plan's work function
+        later, _ = plan_of()
+        return later.units if same_work(later.work, plan.work) else []
+
     # A stage with nothing pending cannot make a choice appear (an arm whose every point diverged); otherwise every
     # stage stores cells (a grid extended past an edge keeps the finals waiting one stage more), so this ends.
     while waiting and not getattr(args, "dry_run", False) and plan.store.pending([c for u in plan.units for c in u]):
         plan.finish = lambda: 0
-        code = execute(plan, args, name)
+        code = execute(plan, args, name, more=more)
         if code:
             return code
         plan, waiting = plan_of()
     return execute(plan, args, name)
+
+
+def same_work(a, b) -> bool:
+    """Whether two plans' work functions compute a unit alike: the same function, or partials of the same function
+    with equal arguments (each stage's plan builds its own)."""
+    if a is b:
+        return True
+    return (isinstance(a, functools.partial) and isinstance(b, functools.partial) and a.func is b.func
+            and a.args == b.args and a.keywords == b.keywords)
 
 
 def report_lines(tuning: Tuning, records: list[dict], label: Callable[[dict], str]) -> list[str]:
@@ -344,4 +363,4 @@ def calibration_lines(df, metric: str, trivial: str, lower_is_better: bool, what
 
 
 __all__ = ["HPARAMS", "PHASES", "Choice", "Tuning", "arm_grid", "arm_id", "calibration_lines", "choose",
-           "execute_stages", "report_lines", "tune_scores", "tuned_cells"]
+           "execute_stages", "report_lines", "same_work", "tune_scores", "tuned_cells"]
