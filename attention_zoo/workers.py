@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,3 +42,23 @@ def child_preexec():
     it from the thread that outlives the child (the kernel signals when the creating thread exits)."""
     _prctl()  # resolved here, in the parent
     return functools.partial(die_with_parent, os.getpid())
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """Within the block, a SIGTERM to this process (``kill PID``, a scheduler's stop, ``timeout``) raises
+    KeyboardInterrupt in the main thread, as a Ctrl-C does, so a run stops the way it stops on Ctrl-C: finished cells
+    stored, running units checkpointed. A background job (``nohup … &``) inherits SIGINT ignored, so SIGTERM is the
+    signal that stops it. The previous handler comes back on exit; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

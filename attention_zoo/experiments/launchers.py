@@ -43,6 +43,9 @@ def _worker_sigint(signum, frame) -> None:
 def _init_worker(parent: int, init, forked: bool = False) -> None:
     die_with_parent(parent)  # a killed driver leaves no worker behind
     signal.signal(signal.SIGINT, _worker_sigint)
+    # a forked worker inherits the driver's SIGTERM-as-Ctrl-C (workers.terminate_as_interrupt); the pool ends a
+    # broken pool's workers with SIGTERM, which must end them
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if forked:
         # libgomp is not fork-safe: once the driver has run an OpenMP region, a forked child's first multi-threaded
         # op waits forever for threads that were not copied. One thread per worker (the workers share the cores),

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..cli import non_negative_int, positive_int
 from ..results import ResultStore
+from ..workers import terminate_as_interrupt
 
 
 @dataclass(frozen=True)
@@ -158,21 +159,22 @@ def execute(plan: Plan, args: argparse.Namespace, name: str,
 
     refill = {"more": more_units} if more is not None and getattr(launcher, "refills", False) else {}
     try:
-        for unit, rows, err in launcher.run(todo, plan, **refill):
-            busy.difference_update(store.key(c) for c in unit)
-            if rows is None:
-                for c in unit:
-                    store.release(c)
-                if err == "interrupted":
-                    interrupted = True
+        with terminate_as_interrupt():  # `kill PID` of a background run stops it as a Ctrl-C does
+            for unit, rows, err in launcher.run(todo, plan, **refill):
+                busy.difference_update(store.key(c) for c in unit)
+                if rows is None:
+                    for c in unit:
+                        store.release(c)
+                    if err == "interrupted":
+                        interrupted = True
+                    else:
+                        failed.append(f"{plan.describe(unit)}: {err}")
                 else:
-                    failed.append(f"{plan.describe(unit)}: {err}")
-            else:
-                for cell, r in zip(unit, rows):
-                    store.add(cell, r)
-                if err:  # stored as error rows (a cluster job that failed for good): a failure all the same
-                    failed.append(f"{plan.describe(unit)}: {err}")
-            bar.update(len(unit))
+                    for cell, r in zip(unit, rows):
+                        store.add(cell, r)
+                    if err:  # stored as error rows (a cluster job that failed for good): a failure all the same
+                        failed.append(f"{plan.describe(unit)}: {err}")
+                bar.update(len(unit))
     except KeyboardInterrupt:
         interrupted = True
     finally:

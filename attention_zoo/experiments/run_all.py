@@ -31,7 +31,7 @@ from pathlib import Path
 from ..envinfo import environment_record, resolve_device
 from ..io import atomic_write_json
 from ..results import ensure_out_dir
-from ..workers import child_preexec
+from ..workers import child_preexec, terminate_as_interrupt
 from .common import DeviceAction, ExperimentParser, HelpFormatter, ListAction, cli_main, positive_int
 from .protocol import EXPERIMENTS, LAUNCH_OPTIONS, add_launcher_arguments
 from .results_index import RUN_RECORD, build_index
@@ -217,13 +217,15 @@ def dry_run(args: argparse.Namespace, scripts: list[str]) -> int:
 
 
 def run_script(cmd: list[str]) -> tuple[int, bool]:
-    """Run one script to its end: (exit code, interrupted). A Ctrl-C (SIGINT to this process) is passed on to the
+    """Run one script to its end: (exit code, interrupted). A Ctrl-C (SIGINT to this process, or a SIGTERM: a
+    background job ignores SIGINT) is passed on to the
     script's whole process group -- its main process and its workers, as a terminal Ctrl-C would -- and the script
     stores its finished cells, checkpoints the running ones and exits 130; we wait for that instead of killing it
     mid-write (a second Ctrl-C kills the group). The script dies with us (``child_preexec``): no orphan writes."""
     proc = subprocess.Popen(cmd, preexec_fn=child_preexec(), process_group=0)  # its own group: see _signal_group
     try:
-        return proc.wait(), False
+        with terminate_as_interrupt():  # a SIGTERM (`kill PID` of a background all.py) acts as the Ctrl-C
+            return proc.wait(), False
     except KeyboardInterrupt:
         try:
             _signal_group(proc, signal.SIGINT)
