@@ -11,28 +11,33 @@ import time
 
 import pytest
 
+# A unit of "training", as the engine runs one: its own SIGINT/SIGTERM handler records the signal, the loop
+# checkpoints and the unit returns None.
+WORK = """
+LOG = Path(sys.argv[1])
+
+def work(unit):
+    seen = []
+    old = {s: signal.signal(s, lambda *_: seen.append(1)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        (LOG / f"started-{unit[0]['c']}").write_text(str(os.getpid()))
+        for _ in range(600):  # 30 s of "training" unless interrupted
+            if seen:
+                return None
+            time.sleep(0.05)
+        return [[{"metric": "m", "value": 1.0, "unit": ""}]]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+"""
+
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
     from types import SimpleNamespace
     from attention_zoo.experiments.launchers import LocalLauncher
 
-    LOG = Path(sys.argv[1])
-
-    def work(unit):
-        # as the training engine does: its own handler records the signal, the loop checkpoints and returns None
-        seen = []
-        old = signal.signal(signal.SIGINT, lambda *_: seen.append(1))
-        try:
-            (LOG / f"started-{unit[0]['c']}").write_text(str(os.getpid()))
-            for _ in range(600):  # 30 s of "training" unless interrupted
-                if seen:
-                    return None
-                time.sleep(0.05)
-            return [[{"c": unit[0]["c"]}]]
-        finally:
-            signal.signal(signal.SIGINT, old)
-
+    {WORK}
     if __name__ == "__main__":
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a background test run inherits SIGINT ignored
         plan = SimpleNamespace(workers=int(sys.argv[2]), work=work, worker_init=None)
@@ -44,7 +49,7 @@ SCRIPT = textwrap.dedent("""
             got.append("driver interrupted")
         print(got)
         sys.exit(130 if got else 1)
-""")
+""").replace("{WORK}\n", WORK)
 
 
 @pytest.mark.parametrize("workers,target", [(2, "group"), (2, "driver"), (1, "group")])
@@ -82,30 +87,34 @@ EXECUTE = textwrap.dedent("""
     from attention_zoo.experiments.protocol import Plan, execute
     from attention_zoo.results import ResultStore
 
-    LOG = Path(sys.argv[1])
-
-    def work(unit):
-        # as the training engine does: its own SIGINT/SIGTERM handler records the signal, the loop checkpoints and
-        # the unit returns None
-        seen = []
-        old = {s: signal.signal(s, lambda *_: seen.append(1)) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            (LOG / f"started-{unit[0]['c']}").write_text(str(os.getpid()))
-            for _ in range(600):  # 30 s of "training" unless interrupted
-                if seen:
-                    return None
-                time.sleep(0.05)
-            return [[{"metric": "m", "value": 1.0, "unit": ""}]]
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
+    {WORK}
     if __name__ == "__main__":
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `nohup ... &` leaves a background job
         store = ResultStore(LOG / "store", "t", {"options": {}})
         plan = Plan(store, [[{"c": i}] for i in range(6)], work, lambda: 0, workers=int(sys.argv[2]))
         sys.exit(execute(plan, Namespace(dry_run=False, launcher="local", quiet=True), "t"))
-""")
+""").replace("{WORK}\n", WORK)
+
+
+def _terminated(tmp_path, cmd: list[str], started: int, timeout: float = 20):
+    """Start ``cmd`` in its own session, wait for ``started`` units to start, SIGTERM its main process; (process,
+    stdout, stderr) once it has ended (a run that outlives ``timeout`` fails the test)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("started-*"))) < started:
+            assert proc.poll() is None and time.monotonic() < deadline, "the units never started"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a SIGTERM did not end the run")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc, out, err
 
 
 @pytest.mark.parametrize("workers", [2, 1])
@@ -115,22 +124,8 @@ def test_a_sigterm_stops_a_background_run_as_a_ctrl_c_does(tmp_path, workers):
     driver outright and its workers with it (the units' work since their last checkpoint lost); one worker in the
     driver's own process was already stopped by the engine's handler."""
     (tmp_path / "drive.py").write_text(EXECUTE)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "drive.py"), str(tmp_path), str(workers)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while len(list(tmp_path.glob("started-*"))) < workers:
-            assert proc.poll() is None and time.monotonic() < deadline, "the units never started"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            pytest.fail("a SIGTERM did not end the run")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc, out, err = _terminated(tmp_path, [sys.executable, str(tmp_path / "drive.py"), str(tmp_path), str(workers)],
+                                 workers)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted; finished cells are stored" in err
     assert len(list(tmp_path.glob("started-*"))) == workers  # no unit started after the signal
@@ -149,21 +144,6 @@ def test_a_sigterm_to_all_py_is_passed_on_as_a_ctrl_c_to_the_scripts_group(tmp_p
         print("script", code, interrupted)
         sys.exit(code)
     """))
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "outer.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while len(list(tmp_path.glob("started-*"))) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the units never started"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            pytest.fail("a SIGTERM to all.py did not end the run")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc, out, err = _terminated(tmp_path, [sys.executable, str(tmp_path / "outer.py")], 2)
     assert proc.returncode == 130 and "script 130 True" in out, (out, err[-2000:])
     assert len(list(tmp_path.glob("started-*"))) == 2
